@@ -1,0 +1,474 @@
+"""Typed run configuration: one pydantic model per section, loaded from YAML plus dotted overrides.
+
+`load_config` resolves  defaults <- preset <- YAML <- overrides  and validates once. Every problem is a
+`ConfigError` that names the dotted key (`algo.eps_low`), the bad value and what is allowed. Fields marked
+"our reading" are choices SPEC.md makes where the paper is silent; each is an option so it can be ablated.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from sao.presets import PRESETS
+
+DEFAULT_PRESET = "sao"
+CRITIC_ADVANTAGES = ("skip_observation_gae", "token_gae", "step_gae")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-5` as a float (YAML 1.2) rather than the string YAML 1.1 makes of it."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; the message names the offending dotted key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy backbone (the critic shares it): a local HF checkpoint or a tiny random model."""
+
+    path: str | None = Field(
+        None, description="Local Hugging Face checkpoint directory. Exclusive with tiny_arch."
+    )
+    tiny_arch: Literal["qwen3_moe", "qwen3"] | None = Field(
+        None,
+        description="Build a tiny randomly initialised model of this architecture instead of loading one.",
+    )
+    tiny_size: Literal["test", "small"] = Field(
+        "test", description="Tiny model size: 'test' (unit tests) or 'small' (CPU quickstart)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Parameter dtype; 'auto' = bfloat16 on GPU, float32 on CPU."
+    )
+    device: str = Field(
+        "auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ModelConfig:
+        if (self.path is None) == (self.tiny_arch is None):
+            raise ValueError("set exactly one of model.path and model.tiny_arch")
+        return self
+
+
+class ValuePretrainConfig(_Section):
+    """Critic pretraining on Monte-Carlo returns of the frozen initial policy (SPEC 2.6)."""
+
+    enabled: bool | None = Field(
+        None, description="Pretrain the critic before RL; null follows the preset (algo.value_pretrain)."
+    )
+    corpus_size: int = Field(1024, ge=1, description="Trajectories sampled from the initial policy.")
+    max_steps: int = Field(200, ge=1, description="Upper bound on critic optimizer steps.")
+    ev_patience: int = Field(
+        10, ge=1, description="Stop after this many steps without explained-variance improvement."
+    )
+    ev_min_delta: float = Field(0.01, ge=0, description="Explained-variance gain that counts as improvement.")
+
+
+class CriticConfig(_Section):
+    """The learned value model V_phi: same backbone as the policy plus a scalar head (SPEC 2.3, 2.4)."""
+
+    freeze: Literal["attention", "none"] | list[str] = Field(
+        "attention",
+        description="Critic parameters frozen during RL: 'attention' (q/k/v/o projections and q/k norms), "
+        "'none' (full-parameter critic), or a list of regular expressions matched against parameter names.",
+    )
+    lr: float = Field(5e-6, gt=0, description="Critic learning rate (paper: 5e-6 on a 30B MoE model).")
+    lr_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear critic lr warm-up; one reading of the paper's '10-step warmup' (our reading).",
+    )
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Critic-only steps before the actor trains; the other reading of the '10-step warmup' "
+        "(our reading).",
+    )
+    value_clip: float | None = Field(
+        None, gt=0, description="PPO-style value clipping range; null = unclipped masked MSE (our reading)."
+    )
+    recompute_values: bool = Field(
+        True, description="Recompute V with the updated critic before the policy advantages (our reading)."
+    )
+    grad_clip: float = Field(1.0, gt=0, description="Critic gradient-norm clip.")
+    head_init: Literal["zero", "normal"] = Field("zero", description="Value head initialisation.")
+    pretrain: ValuePretrainConfig = Field(
+        default_factory=ValuePretrainConfig, description="Value pretraining."
+    )
+
+
+class EngineConfig(_Section):
+    """Rollout generation (SPEC 4: evaluation samples at temperature 1.0, top-p 1.0)."""
+
+    backend: Literal["local", "vllm", "sglang"] = Field("local", description="Inference engine.")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature; DIS ratios are exact at 1.0.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")
+    max_new_tokens: int = Field(2048, ge=1, description="Tokens generated per model turn.")
+    max_concurrent: int = Field(64, ge=1, description="Sequences the engine decodes at once.")
+
+
+class DataConfig(_Section):
+    """Prompts and the environment they are played in."""
+
+    env: str = Field("calculator", description="Registered environment name.")
+    train_file: str | None = Field(
+        None, description="Training prompts (JSONL); null = the env's built-in set."
+    )
+    eval_file: str | None = Field(None, description="Evaluation prompts (JSONL); null = none.")
+    max_turns: int = Field(50, ge=1, description="Model turns per episode (paper: math 50, coding 300).")
+    max_total_tokens: int = Field(
+        16384, ge=1, description="Context budget of a trajectory: prompt + all turns."
+    )
+    seed: int = Field(0, description="Prompt sampling seed.")
+
+
+class AlgoConfig(_Section):
+    """The RL algorithm: advantage estimator, policy loss, critic schedule, sampling (SPEC 2, 3).
+
+    Defaults are the `sao` preset. The algorithm library reads these field names.
+    """
+
+    preset: str = Field(DEFAULT_PRESET, description="Preset this config started from (see `sao presets`).")
+    advantage: Literal["skip_observation_gae", "token_gae", "step_gae", "grpo", "running_mean", "spo"] = (
+        Field("skip_observation_gae", description="Advantage estimator.")
+    )
+    step_value: Literal["average", "last_token"] = Field(
+        "average",
+        description="step_gae only: step value = mean of its token values, or its last token's value.",
+    )
+    policy_loss: Literal["dis", "ppo_clip"] = Field(
+        "dis", description="'dis': band mask on the ratio to rollout log-probs; 'ppo_clip': clip vs pi_old."
+    )
+    eps_low: float = Field(
+        0.3, gt=0, lt=1, description="Lower band edge 1 - eps_low (paper: math 0.3, coding 0.8; PPO 0.2)."
+    )
+    eps_high: float = Field(
+        5.0, gt=0, description="Upper band edge 1 + eps_high (paper: math 5.0, coding 3.0; PPO 0.28)."
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
+        "token-mean",
+        description="Loss aggregation; token-mean keeps band-masked tokens in the denominator (our reading).",
+    )
+    nll_coef: float = Field(0.0, ge=0, description="VAPO positive-example NLL loss weight.")
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount (our reading: 1.0).")
+    lam_critic: float = Field(1.0, ge=0, le=1, description="GAE lambda for critic targets (1 = MC returns).")
+    lam_policy: float | Literal["adaptive"] = Field(
+        "adaptive", description="GAE lambda for policy advantages; 'adaptive' = clamp(1 - 1/(alpha*l), 0, 1)."
+    )
+    adaptive_alpha: float = Field(1.5, gt=0, description="alpha of the length-adaptive lambda.")
+    adaptive_length: Literal["action", "response"] = Field(
+        "action",
+        description="l of the adaptive lambda: action tokens of the trajectory (our reading) or the whole "
+        "response incl. observations; step_gae counts steps.",
+    )
+    k_critic: int = Field(2, ge=1, description="Critic optimizer steps per actor step, targets fixed (K).")
+    group_size: int = Field(1, ge=1, description="Rollouts per prompt (1 = single rollout).")
+    normalize_std: bool = Field(True, description="grpo: divide the group-centred reward by the group std.")
+    running_mean_window: int = Field(8, ge=1, description="running_mean: number of recent rewards averaged.")
+    running_mean_scope: Literal["prompt", "global"] = Field(
+        "prompt", description="running_mean: rewards of the same prompt, or of all prompts."
+    )
+    spo_d_half: float = Field(
+        0.06, gt=0, description="spo: D_half of rho = clamp(2^(-D/D_half), rho_min, rho_max)."
+    )
+    spo_rho_min: float = Field(0.875, gt=0, le=1, description="spo: lower clamp of the tracker decay rho.")
+    spo_rho_max: float = Field(0.96, gt=0, le=1, description="spo: upper clamp of the tracker decay rho.")
+    spo_sampling_floor: float = Field(
+        0.05, ge=0, description="spo: prioritised sampling weight sqrt(p(1-p)) + floor."
+    )
+    spo_prioritized_sampling: bool = Field(True, description="spo: sample prompts by the weight above.")
+    value_pretrain: bool = Field(True, description="Whether this algorithm pretrains the critic before RL.")
+
+    @property
+    def uses_critic(self) -> bool:
+        """True for the GAE-family advantages, which need a learned value model."""
+        return self.advantage in CRITIC_ADVANTAGES
+
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """True when the loss needs pi_old log-probs (an extra forward before the update)."""
+        return self.policy_loss == "ppo_clip"
+
+    @field_validator("lam_policy")
+    @classmethod
+    def _lam_in_unit_interval(cls, value: float | str) -> float | str:
+        if not isinstance(value, str) and not 0.0 <= value <= 1.0:
+            raise ValueError("must be 'adaptive' or a number in [0, 1]")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AlgoConfig:
+        if self.advantage == "grpo" and self.group_size < 2:
+            raise ValueError(
+                f"algo.group_size must be >= 2 for algo.advantage='grpo' (got {self.group_size}): "
+                "the baseline is the mean of the group"
+            )
+        if self.spo_rho_min > self.spo_rho_max:
+            raise ValueError("algo.spo_rho_min must be <= algo.spo_rho_max")
+        return self
+
+
+class TrainerConfig(_Section):
+    """The actor optimizer and the step budget."""
+
+    lr: float = Field(1e-6, gt=0, description="Actor learning rate (paper: 1e-6 on a 30B MoE model).")
+    batch_size: int = Field(128, ge=1, description="Trajectories per actor step.")
+    micro_batch_tokens: int = Field(
+        16384, ge=1, description="Packed tokens per forward/backward micro-batch."
+    )
+    grad_clip: float = Field(1.0, gt=0, description="Actor gradient-norm clip.")
+    total_steps: int = Field(500, ge=1, description="Actor optimizer steps.")
+    lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Actor lr schedule.")
+    warmup_steps: int = Field(0, ge=0, description="Linear actor lr warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    seed: int = Field(0, description="Training seed (torch, sampling).")
+
+
+class RuntimeConfig(_Section):
+    """How producer and trainer are wired."""
+
+    mode: Literal["async", "sync"] = Field(
+        "async", description="'async': train on trajectories as they finish; 'sync': generate then train."
+    )
+    max_in_flight: int = Field(256, ge=1, description="Episodes being generated at once.")
+    max_staleness: int = Field(
+        1, ge=0, description="Max policy versions a new episode may start behind the trainer (admission)."
+    )
+    drop_older_than: int | None = Field(
+        None, ge=0, description="Drop trajectories with tokens more than this many versions old; null = keep."
+    )
+    backend: Literal["local", "ray"] = Field("local", description="'local': one process; 'ray': distributed.")
+
+
+class LoggingConfig(_Section):
+    """Where metrics and checkpoints go."""
+
+    run_dir: str = Field(
+        "runs/sao", description="Directory for metrics, checkpoints and the resolved config."
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard event files.")
+    wandb: bool = Field(False, description="Log to Weights & Biases.")
+    log_every: int = Field(1, ge=1, description="Log metrics every N actor steps.")
+    checkpoint_every: int = Field(50, ge=1, description="Checkpoint every N actor steps.")
+    keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
+
+
+class RunConfig(_Section):
+    """A whole run: every section plus a name."""
+
+    name: str = Field("sao", description="Run name.")
+    model: ModelConfig = Field(..., description="Policy (and critic) backbone.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout generation.")
+    data: DataConfig = Field(default_factory=DataConfig, description="Prompts and environment.")
+    algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Actor optimization.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Async/sync wiring.")
+    logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and checkpoints.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_section_present(cls, data: Any) -> Any:
+        # An absent model section gets ModelConfig's own message ("set exactly one of ..."), not "required".
+        if isinstance(data, Mapping) and "model" not in data:
+            return {**data, "model": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> RunConfig:
+        if self.trainer.batch_size % self.algo.group_size:
+            raise ValueError(
+                f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of "
+                f"algo.group_size ({self.algo.group_size})"
+            )
+        return self
+
+    @property
+    def value_pretrain_enabled(self) -> bool:
+        """Whether to pretrain the critic: critic.pretrain.enabled if set, else the preset's choice."""
+        if not self.algo.uses_critic:
+            return False
+        enabled = self.critic.pretrain.enabled
+        return self.algo.value_pretrain if enabled is None else enabled
+
+    def to_yaml_dict(self) -> dict[str, Any]:
+        """Plain data (str/int/float/bool/None/list/dict) in field order, ready for yaml.safe_dump."""
+        return self.model_dump(mode="json")
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The fully resolved config as YAML; `load_config` of it gives back an equal config."""
+    return yaml.safe_dump(cfg.to_yaml_dict(), sort_keys=False)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load, merge and validate a run config.
+
+    Precedence, lowest first: field defaults <- preset <- YAML file <- dotted overrides (`key.sub=value`,
+    the value parsed as YAML, so `1e-5`, `true`, `[a,b]` and `null` work). The preset is chosen
+    by an override `algo=NAME` or `algo.preset=NAME`, else the YAML's `algo.preset` (or `algo: NAME`), else
+    `sao`; it only fills fields the YAML and overrides leave unset.
+
+    Raises:
+        ConfigError: unreadable file, unknown key, unknown preset or invalid value; the message names the key.
+    """
+    file_data = _read_yaml(Path(path)) if path is not None else {}
+    if isinstance(file_data.get("algo"), str):
+        file_data["algo"] = {"preset": file_data["algo"]}
+    _check_keys(file_data, RunConfig, [], source=str(path))
+
+    override_data: dict[str, Any] = {}
+    for item in overrides:
+        key, value = _parse_override(item)
+        if key == "algo" and isinstance(value, str):
+            key = "algo.preset"
+        for part in reversed(_nest(key)):
+            value = {part: value}
+        override_data = _merge(override_data, value)
+    _check_keys(override_data, RunConfig, [], source="overrides")
+
+    preset = _pick_preset(file_data, override_data)
+    preset_data = _merge(PRESETS[preset], {"algo": {"preset": preset}})
+    return _validate(_merge(_merge(preset_data, file_data), override_data))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.load(path.read_text(), Loader=_Loader)
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    try:
+        return key, yaml.load(raw, Loader=_Loader)
+    except yaml.YAMLError:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r} as YAML") from None
+
+
+def _pick_preset(file_data: Mapping[str, Any], override_data: Mapping[str, Any]) -> str:
+    def named(data: Mapping[str, Any]) -> Any:
+        algo = data.get("algo")
+        return algo.get("preset") if isinstance(algo, Mapping) else None
+
+    name = named(override_data) or named(file_data) or DEFAULT_PRESET
+    if name not in PRESETS:
+        raise ConfigError(f"algo.preset: unknown preset {name!r}; available: {', '.join(PRESETS)}")
+    return name
+
+
+def _section_model(model: type[BaseModel], field: str) -> type[BaseModel] | None:
+    annotation = model.model_fields[field].annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+
+
+def _unknown_key(parts: list[str], index: int, model: type[BaseModel], source: str) -> ConfigError:
+    """Error for `parts[index]`, which is not a field of `model` (the section `parts[:index]`)."""
+    allowed = list(model.model_fields)
+    section = f"in {'.'.join(parts[:index])}" if index else "at the top level"
+    close = difflib.get_close_matches(parts[index], allowed, n=1)
+    hint = f" Did you mean {'.'.join([*parts[:index], close[0]])!r}?" if close else ""
+    return ConfigError(
+        f"unknown key {'.'.join(parts)!r} (in {source}).{hint} Allowed keys {section}: {', '.join(allowed)}"
+    )
+
+
+def _check_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: list[str], source: str) -> None:
+    """Raise on the first key of `data` that is not a field of `model`, recursing into sections."""
+    for key, value in data.items():
+        if key not in model.model_fields:
+            raise _unknown_key([*prefix, str(key)], len(prefix), model, source)
+        sub = _section_model(model, key)
+        if sub is not None and isinstance(value, Mapping):
+            _check_keys(value, sub, [*prefix, key], source)
+
+
+def _nest(key: str) -> list[str]:
+    """Split a dotted override key, checking every part against the schema."""
+    parts = key.split(".")
+    model: type[BaseModel] | None = RunConfig
+    for i, part in enumerate(parts):
+        if model is None:
+            raise ConfigError(
+                f"unknown key {key!r} (in overrides): {'.'.join(parts[:i])} is a value, not a section"
+            )
+        if part not in model.model_fields:
+            raise _unknown_key(parts, i, model, "overrides")
+        model = _section_model(model, part)
+    return parts
+
+
+def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge of nested dicts into a new dict; `update` wins."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _validate(data: dict[str, Any]) -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def _dotted_loc(loc: tuple[int | str, ...]) -> str:
+    """The prefix of a pydantic error location that names config fields (drops union tags, list indices)."""
+    parts: list[str] = []
+    model: type[BaseModel] | None = RunConfig
+    for item in loc:
+        if model is None or item not in model.model_fields:
+            break
+        parts.append(str(item))
+        model = _section_model(model, str(item))
+    return ".".join(parts) or "config"
+
+
+def _format_errors(err: ValidationError) -> str:
+    """One line per dotted key: the bad value and what pydantic says is allowed."""
+    problems: dict[str, tuple[Any, list[str]]] = {}
+    for e in err.errors():
+        key = _dotted_loc(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        problems.setdefault(key, (e.get("input"), []))[1].append(msg)
+    lines = []
+    for key, (value, msgs) in problems.items():
+        text = " or ".join(dict.fromkeys(msgs))
+        if not isinstance(value, Mapping) and value is not None:
+            text = f"got {value!r}; {text[0].lower()}{text[1:]}"
+        lines.append(f"  {key}: {text}")
+    return "invalid config:\n" + "\n".join(lines)

@@ -1,0 +1,248 @@
+"""The run config: presets carry SPEC §3 values, precedence is defaults <- preset <- YAML <- overrides, and
+every bad key or value is a ConfigError that names the dotted key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sao.config import AlgoConfig, ConfigError, RunConfig, dump_config, load_config
+from sao.presets import PRESET_DESCRIPTIONS, PRESETS
+
+REPO = Path(__file__).resolve().parents[1]
+QUICKSTART = REPO / "configs" / "quickstart.yaml"
+TINY = ["model.tiny_arch=qwen3"]
+
+# name: (advantage, policy_loss, eps_low, eps_high, k_critic, critic.freeze, group_size, value_pretrain)
+EXPECTED = {
+    "sao": ("skip_observation_gae", "dis", 0.3, 5.0, 2, "attention", 1, True),
+    "grpo": ("grpo", "ppo_clip", 0.2, 0.28, None, None, 8, False),
+    "grpo_dis": ("grpo", "dis", 0.3, 5.0, None, None, 8, False),
+    "sao_dis_only": ("skip_observation_gae", "dis", 0.3, 5.0, 1, "none", 1, True),
+    "sao_k1": ("skip_observation_gae", "dis", 0.3, 5.0, 1, "attention", 1, True),
+    "sao_full_critic": ("skip_observation_gae", "dis", 0.3, 5.0, 2, "none", 1, True),
+    "vapo": ("token_gae", "ppo_clip", 0.2, 0.28, 1, "none", 8, True),
+    "running_mean_8": ("running_mean", "dis", 0.3, 5.0, None, None, 1, False),
+    "running_mean_128": ("running_mean", "dis", 0.3, 5.0, None, None, 1, False),
+    "spo": ("spo", "dis", 0.3, 5.0, None, None, 1, False),
+    "step_average": ("step_gae", "dis", 0.3, 5.0, 2, "attention", 1, True),
+    "step_last_token": ("step_gae", "dis", 0.3, 5.0, 2, "attention", 1, True),
+}
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_every_preset_is_covered_and_described() -> None:
+    assert set(PRESETS) == set(EXPECTED) == set(PRESET_DESCRIPTIONS)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_preset_loads_with_spec_values(name: str) -> None:
+    advantage, loss, eps_low, eps_high, k, freeze, group, pretrain = EXPECTED[name]
+    cfg = load_config(None, [*TINY, f"algo={name}"])
+    algo = cfg.algo
+    assert (algo.preset, algo.advantage, algo.policy_loss) == (name, advantage, loss)
+    assert (algo.eps_low, algo.eps_high, algo.group_size) == (eps_low, eps_high, group)
+    assert algo.uses_critic == (k is not None)
+    assert algo.needs_old_logprobs == (loss == "ppo_clip")
+    assert cfg.value_pretrain_enabled == pretrain
+    if k is not None:
+        assert (algo.k_critic, cfg.critic.freeze) == (k, freeze)
+        assert algo.lam_policy == "adaptive" and algo.adaptive_alpha == 1.5 and algo.lam_critic == 1.0
+
+
+def test_preset_specific_parameters() -> None:
+    def algo(name: str) -> AlgoConfig:
+        return load_config(None, [*TINY, f"algo={name}"]).algo
+
+    assert algo("vapo").nll_coef == 0.1 and algo("sao").nll_coef == 0.0
+    assert (algo("running_mean_8").running_mean_window, algo("running_mean_8").running_mean_scope) == (
+        8,
+        "prompt",
+    )
+    assert (algo("running_mean_128").running_mean_window, algo("running_mean_128").running_mean_scope) == (
+        128,
+        "global",
+    )
+    assert algo("step_average").step_value == "average"
+    assert algo("step_last_token").step_value == "last_token"
+    spo = algo("spo")
+    assert (spo.spo_d_half, spo.spo_rho_min, spo.spo_rho_max, spo.spo_sampling_floor) == (
+        0.06,
+        0.875,
+        0.96,
+        0.05,
+    )
+    assert algo("grpo").normalize_std
+
+
+def test_algo_defaults_are_the_sao_preset() -> None:
+    assert AlgoConfig() == AlgoConfig(**PRESETS["sao"]["algo"])
+
+
+def test_default_preset_is_sao_and_spec_readings_are_defaults() -> None:
+    cfg = load_config(None, TINY)
+    assert cfg.algo.preset == "sao"
+    assert (cfg.algo.gamma, cfg.algo.loss_agg, cfg.algo.adaptive_length) == (1.0, "token-mean", "action")
+    assert cfg.critic.value_clip is None and cfg.critic.recompute_values
+
+
+def test_override_beats_preset() -> None:
+    cfg = load_config(None, [*TINY, "algo=sao", "algo.k_critic=4", "critic.freeze=none"])
+    assert cfg.algo.k_critic == 4 and cfg.critic.freeze == "none"
+
+
+def test_override_switches_preset_named_in_yaml(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: {preset: sao}\n")
+    cfg = load_config(path, ["algo=grpo_dis"])
+    assert (cfg.algo.preset, cfg.algo.advantage, cfg.algo.group_size) == ("grpo_dis", "grpo", 8)
+    assert load_config(path, ["algo.preset=vapo"]).algo.advantage == "token_gae"
+
+
+def test_yaml_field_beats_preset_and_override_beats_yaml(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: {preset: grpo_dis, eps_high: 2.0}\n")
+    assert load_config(path).algo.eps_high == 2.0
+    assert load_config(path, ["algo.eps_high=3.5"]).algo.eps_high == 3.5
+    # An explicit YAML field also survives a preset switch on the command line.
+    assert load_config(path, ["algo=sao"]).algo.eps_high == 2.0
+
+
+def test_yaml_shorthand_names_the_preset(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: spo\n")
+    assert load_config(path).algo.advantage == "spo"
+
+
+def test_override_values_are_parsed_as_yaml() -> None:
+    cfg = load_config(
+        None,
+        [
+            *TINY,
+            "trainer.lr=1e-5",
+            "logging.wandb=true",
+            "critic.freeze=[q_proj, k_proj]",
+            "critic.value_clip=0.2",
+        ],
+    )
+    assert cfg.trainer.lr == 1e-5
+    assert cfg.logging.wandb is True
+    assert cfg.critic.freeze == ["q_proj", "k_proj"]
+    assert cfg.critic.value_clip == 0.2
+    assert (
+        load_config(None, [*TINY, "critic.value_clip=0.2", "critic.value_clip=null"]).critic.value_clip
+        is None
+    )
+
+
+def test_yaml_exponent_without_dot_is_a_float(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\ntrainer: {lr: 3e-4}\n")
+    assert load_config(path).trainer.lr == 3e-4
+
+
+def test_unknown_key_in_yaml_names_dotted_key_and_suggests(tmp_path: Path) -> None:
+    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\ncritic:\n  pretrain: {corpus_sise: 10}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert "critic.pretrain.corpus_sise" in message
+    assert "Did you mean 'critic.pretrain.corpus_size'" in message
+    assert "ev_patience" in message  # the allowed keys of the section are listed
+
+
+def test_unknown_key_in_override_names_dotted_key_and_suggests() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [*TINY, "algo.k_critc=3"])
+    message = str(info.value)
+    assert "algo.k_critc" in message and "Did you mean 'algo.k_critic'" in message
+
+
+def test_unknown_section_in_override_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"'trainr\.lr'.*Did you mean 'trainer'"):
+        load_config(None, [*TINY, "trainr.lr=1"])
+
+
+def test_override_below_a_value_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"algo\.gamma is a value, not a section"):
+        load_config(None, [*TINY, "algo.gamma.x=1"])
+
+
+def test_override_without_equals_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"key\.sub=value"):
+        load_config(None, [*TINY, "algo.gamma"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("algo.eps_low=1.5", r"algo\.eps_low: got 1\.5; .*less than 1"),
+        ("algo.k_critic=0", r"algo\.k_critic: got 0; .*greater than or equal to 1"),
+        ("algo.advantage=foo", r"algo\.advantage: got 'foo'; .*'skip_observation_gae'"),
+        ("algo.lam_policy=1.5", r"algo\.lam_policy: got 1\.5; .*\[0, 1\]"),
+        ("engine.top_p=0", r"engine\.top_p: got 0"),
+        ("trainer.lr=fast", r"trainer\.lr: got 'fast'"),
+    ],
+)
+def test_invalid_value_names_key_and_value(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [*TINY, override])
+
+
+def test_grpo_with_single_rollout_names_group_size() -> None:
+    with pytest.raises(ConfigError, match=r"algo\.group_size must be >= 2"):
+        load_config(None, [*TINY, "algo=grpo", "algo.group_size=1"])
+
+
+def test_batch_must_hold_whole_groups() -> None:
+    with pytest.raises(ConfigError, match=r"trainer\.batch_size \(12\).*algo\.group_size \(8\)"):
+        load_config(None, [*TINY, "algo=grpo", "trainer.batch_size=12"])
+
+
+def test_unknown_preset_lists_available() -> None:
+    with pytest.raises(ConfigError, match=r"unknown preset 'ppo'.*grpo_dis.*step_last_token"):
+        load_config(None, [*TINY, "algo=ppo"])
+
+
+@pytest.mark.parametrize("model", [[], ["model.tiny_arch=qwen3", "model.path=/ckpt"]])
+def test_model_needs_exactly_one_source(model: list[str]) -> None:
+    with pytest.raises(ConfigError, match=r"model: set exactly one of model\.path and model\.tiny_arch"):
+        load_config(None, model)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(tmp_path / "absent.yaml")
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_sections_reject_bad_assignment() -> None:
+    cfg = load_config(None, TINY)
+    with pytest.raises(ValueError):
+        cfg.algo.eps_low = 2.0
+
+
+def test_critic_pretrain_enabled_overrides_preset() -> None:
+    assert not load_config(None, [*TINY, "critic.pretrain.enabled=false"]).value_pretrain_enabled
+    # Without a critic there is nothing to pretrain, whatever the flag says.
+    assert not load_config(None, [*TINY, "algo=grpo", "critic.pretrain.enabled=true"]).value_pretrain_enabled
+
+
+@pytest.mark.parametrize("name", ["sao", "grpo_dis", "vapo"])
+def test_dump_then_load_round_trips(tmp_path: Path, name: str) -> None:
+    cfg = load_config(None, [*TINY, f"algo={name}", "critic.freeze=[mlp]", "trainer.lr=2e-5", "name=x"])
+    path = write_yaml(tmp_path, dump_config(cfg))
+    assert load_config(path) == cfg
+    assert RunConfig.model_validate(cfg.to_yaml_dict()) == cfg
+
+
+def test_quickstart_loads() -> None:
+    cfg = load_config(QUICKSTART)
+    assert (cfg.model.tiny_arch, cfg.model.tiny_size) == ("qwen3_moe", "small")
+    assert (cfg.algo.preset, cfg.data.env, cfg.logging.run_dir) == ("sao", "calculator", "runs/quickstart")
+    assert load_config(QUICKSTART, ["algo=grpo_dis"]).algo.group_size == 8
