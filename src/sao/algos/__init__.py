@@ -1,0 +1,63 @@
+"""The SAO algorithm library: pure tensor functions on the packed layout, registered by name.
+
+Advantage estimators (``gae``, ``group``, ``baselines``), policy losses (``losses``), the value loss and
+explained variance (``value``), masked reductions (``aggregate``), and the registries (``registry``).
+Nothing here touches models, engines or I/O.
+"""
+
+from .aggregate import AGG_MODES, aggregate, masked_mean, masked_var, masked_whiten
+from .baselines import RunningMeanBaseline, SPOTracker
+from .gae import length_adaptive_lambda, response_mask, skip_observation_gae, step_gae, step_spans, token_gae
+from .group import broadcast_to_tokens, grpo_advantages
+from .losses import dis_loss, positive_nll_loss, ppo_clip_loss
+from .registry import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AdvantageInputs,
+    AdvantageParams,
+    AdvantageResult,
+    compute_advantages,
+    get_advantage_estimator,
+    get_policy_loss,
+    make_advantage_state,
+    register_advantage_estimator,
+    register_policy_loss,
+)
+from .scan import discounted_cumsum, reverse_discounted_cumsum
+from .value import explained_variance, value_loss
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGG_MODES",
+    "POLICY_LOSSES",
+    "AdvantageInputs",
+    "AdvantageParams",
+    "AdvantageResult",
+    "RunningMeanBaseline",
+    "SPOTracker",
+    "aggregate",
+    "broadcast_to_tokens",
+    "compute_advantages",
+    "dis_loss",
+    "discounted_cumsum",
+    "explained_variance",
+    "get_advantage_estimator",
+    "get_policy_loss",
+    "grpo_advantages",
+    "length_adaptive_lambda",
+    "make_advantage_state",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "positive_nll_loss",
+    "ppo_clip_loss",
+    "register_advantage_estimator",
+    "register_policy_loss",
+    "response_mask",
+    "reverse_discounted_cumsum",
+    "skip_observation_gae",
+    "step_gae",
+    "step_spans",
+    "token_gae",
+    "value_loss",
+]

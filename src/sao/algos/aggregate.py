@@ -1,0 +1,78 @@
+"""Masked reductions on the packed layout: loss aggregation modes, masked moments, whitening."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .packed import segment_count, segment_sum, seq_ids_from_cu_seqlens
+
+__all__ = ["AGG_MODES", "LossAgg", "aggregate", "masked_mean", "masked_var", "masked_whiten"]
+
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    agg: LossAgg = "token-mean",
+    cu_seqlens: Tensor | None = None,
+    denominator: float | None = None,
+) -> Tensor:
+    """Reduce a ``(T,)`` per-token loss over the masked tokens.
+
+    * ``token-mean``: Σ loss / Σ mask over the whole batch (our reading of SPEC §2.1: tokens the loss
+      zeroes, e.g. DIS out-of-band tokens, stay in the denominator because they are in ``mask``).
+    * ``seq-mean-token-mean``: mean over trajectories of each trajectory's token mean.
+    * ``seq-mean-token-sum``: mean over trajectories of each trajectory's token sum.
+
+    Trajectories with no masked token are left out of the sequence means. ``denominator`` overrides the
+    count (tokens or trajectories), so micro-batches can be normalised by the whole batch's count.
+    Entries outside ``mask`` may be non-finite; they are never read.
+    """
+    mask = mask.bool()
+    values = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    if agg == "token-mean":
+        count = float(mask.sum()) if denominator is None else denominator
+        return values.sum() / max(count, 1.0)
+    if agg not in AGG_MODES:
+        raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
+    if cu_seqlens is None:
+        raise ValueError(f"agg={agg!r} needs cu_seqlens")
+    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
+    num_seqs = cu_seqlens.numel() - 1
+    sums = segment_sum(values, seq_ids, num_seqs)
+    counts = segment_count(mask, seq_ids, num_seqs)
+    per_seq = sums / counts.clamp(min=1) if agg == "seq-mean-token-mean" else sums
+    num = float((counts > 0).sum()) if denominator is None else denominator
+    return per_seq.sum() / max(num, 1.0)
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    """Mean of ``x`` over ``mask`` (any shape, same shape); 0 when the mask is empty."""
+    mask = mask.bool()
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum() / mask.sum().clamp(
+        min=1
+    )
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = False) -> Tensor:
+    """Variance of ``x`` over ``mask``; 0 with fewer than two (unbiased) or one element."""
+    mask = mask.bool()
+    n = mask.sum()
+    centred = torch.where(mask, x - masked_mean(x, mask), torch.zeros((), dtype=x.dtype, device=x.device))
+    denom = (n - 1) if unbiased else n
+    return (centred**2).sum() / denom.clamp(min=1)
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+    """Normalise ``x`` to unit variance over ``mask`` (and zero mean if ``shift_mean``); 0 off the mask."""
+    mask = mask.bool()
+    mean = masked_mean(x, mask)
+    out = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
+    if not shift_mean:
+        out = out + mean
+    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,250 @@
+"""Generalised advantage estimation on the packed layout: token-level, skip-observation and step-wise.
+
+All functions take packed ``(T,)`` tensors with ``cu_seqlens`` ``(B+1,)`` and never loop over tokens.
+The per-token reward vector carries the outcome on the last action token of each trajectory (and per-turn
+rewards on each turn's last action token); rewards must be zero elsewhere.
+
+* ``skip_observation_gae`` (SPEC §2.5): GAE over the action tokens only; an observation span is jumped
+  over, so the last action token of turn i bootstraps from the first action token of turn i+1.
+* ``token_gae``: the naive multi-turn baseline, GAE over every response position (first action token to
+  the end), so values of observation tokens sit inside the recursion.
+* ``step_gae`` (SPEC §3, appendix A.1): one advantage per turn from step values (mean of the turn's
+  token values, or the value at its last token).
+
+Advantages and returns are 0 on non-action tokens (observation tokens never carry a training signal).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from .packed import check_packed, segment_count, segment_sum, seq_ids_from_cu_seqlens
+from .scan import BLOCK as _SCAN_ALIGN
+from .scan import discounted_cumsum
+
+__all__ = [
+    "length_adaptive_lambda",
+    "skip_observation_gae",
+    "step_gae",
+    "token_gae",
+]
+
+
+def length_adaptive_lambda(lengths: Tensor, alpha: float) -> Tensor:
+    """VAPO's length-adaptive λ: ``λ = 1 − 1/(α·l)`` clamped to [0, 1].
+
+    Args:
+        lengths: ``(B,)`` length of each trajectory (action tokens by default, or steps for step-wise GAE).
+        alpha: α > 0 (SAO uses 1.5).
+
+    Returns:
+        ``(B,)`` float32 λ per trajectory; a zero length gives λ = 0.
+    """
+    if alpha <= 0:
+        raise ValueError(f"alpha must be > 0, got {alpha}")
+    lengths = lengths.to(torch.float64)
+    lam = 1.0 - 1.0 / (alpha * lengths.clamp(min=1e-12))
+    return lam.clamp(0.0, 1.0).to(torch.float32)
+
+
+def _lambda_per_seq(lam: float | Tensor, num_seqs: int, device: torch.device) -> Tensor:
+    lam_t = torch.as_tensor(lam, dtype=torch.float64, device=device)
+    if lam_t.dim() == 0:
+        lam_t = lam_t.expand(num_seqs)
+    if lam_t.shape != (num_seqs,):
+        raise ValueError(f"lam must be a float or a ({num_seqs},) tensor, got shape {tuple(lam_t.shape)}")
+    if bool(((lam_t < 0) | (lam_t > 1) | lam_t.isnan()).any()):
+        raise ValueError("lam must lie in [0, 1]")
+    return lam_t
+
+
+def _chain_gae(
+    rewards: Tensor, values: Tensor, chain: Tensor, cu_seqlens: Tensor, gamma: float, lam: Tensor
+) -> Tensor:
+    """GAE along the ``chain`` tokens of each trajectory, jumping over every other token.
+
+    The chain tokens are scattered into a time-reversed, right-padded ``(B, W)`` layout (column 0 holds
+    the last chain token) where GAE is a forward discounted cumsum of the TD errors. Every packed token
+    gets a destination (tokens off the chain go to a trash slot), so no ``nonzero`` compaction is needed.
+
+    Args:
+        rewards, values: ``(T,)``; chain: ``(T,)`` bool; cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64.
+
+    Returns:
+        ``(T,)`` advantages in the dtype of ``values``, 0 off the chain.
+    """
+    num_seqs = cu_seqlens.numel() - 1
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    rank = torch.cumsum(chain, 0)  # 1-based rank of each chain token in the whole batch
+    ends = torch.cat([rank.new_zeros(1), rank])[cu_seqlens.long()]  # chain tokens before each boundary
+    counts = ends[1:] - ends[:-1]
+    width = -(-(int(counts.max()) if num_seqs else 0) // _SCAN_ALIGN) * _SCAN_ALIGN
+    stride = width + 1  # one always-zero column, so V(s_{t+1}) past the last chain token reads 0
+    trash = num_seqs * stride
+    # Reversed column of a chain token: counts_b − (rank − ends_b); its flat slot is b·stride + that.
+    base = torch.arange(num_seqs, device=chain.device) * stride + counts + ends[:-1]
+    dest = torch.where(chain, torch.repeat_interleave(base, lengths) - rank, trash)
+    dtype = values.dtype
+    r = torch.zeros(trash + 2, dtype=dtype, device=values.device)
+    v = torch.zeros_like(r)
+    r[dest] = rewards.to(dtype)
+    v[dest + 1] = values.detach()
+    r2, v2 = r[:trash].view(num_seqs, stride), v[:trash].view(num_seqs, stride)
+    # Reversed: v2[:, j+1] is V(s_t) and v2[:, j] is V(s_{t+1}).
+    delta = torch.sub(r2[:, :width], v2[:, 1:]).add_(v2[:, :width], alpha=gamma)
+    out = torch.zeros_like(r)
+    out[:trash].view(num_seqs, stride)[:, :width] = discounted_cumsum(delta, gamma * lam)
+    return out[dest]
+
+
+def _prepare(rewards: Tensor, values: Tensor, action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, int]:
+    check_packed(cu_seqlens, rewards, values, action_mask, names=("rewards", "values", "action_mask"))
+    if not values.is_floating_point():
+        raise ValueError(f"values must be a float tensor, got {values.dtype}")
+    mask = action_mask.bool()
+    if bool(((rewards != 0) & ~mask).any()):
+        raise ValueError("rewards must be 0 on non-action tokens (put the outcome on the last action token)")
+    return mask, cu_seqlens.numel() - 1
+
+
+def _returns(adv: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """``(T,)`` value targets: Â + V on the masked tokens, 0 elsewhere."""
+    return torch.where(mask, adv + values.detach(), torch.zeros((), dtype=adv.dtype, device=adv.device))
+
+
+def skip_observation_gae(
+    rewards: Tensor,
+    values: Tensor,
+    action_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float = 1.0,
+    lam: float | Tensor = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Token-level GAE over action tokens only, jumping over observation spans (SPEC §2.5).
+
+    Inside an action span ``δ_t = r_t + γV(s_{t+1}) − V(s_t)``; at an action→observation boundary the
+    next value is that of the next turn's first action token; after the last action token it is 0.
+
+    Args:
+        rewards: ``(T,)`` packed token rewards, non-zero only on action tokens.
+        values: ``(T,)`` critic values (detached inside).
+        action_mask: ``(T,)`` bool/int, 1 on model-generated tokens.
+        cu_seqlens: ``(B+1,)`` trajectory boundaries.
+        gamma: discount γ (SAO: 1.0).
+        lam: λ as a float or a ``(B,)`` tensor (length-adaptive λ per trajectory).
+
+    Returns:
+        ``(advantages, returns)``, both ``(T,)`` in the dtype of ``values``, 0 on non-action tokens;
+        ``returns = advantages + values`` on action tokens.
+    """
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    adv = _chain_gae(rewards, values, mask, cu_seqlens, gamma, lam_t)
+    return adv, _returns(adv, values, mask)
+
+
+def response_mask(action_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
+    """``(T,)`` bool: tokens from the first action token of each trajectory to its end."""
+    mask = action_mask.bool()
+    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
+    positions = torch.arange(mask.numel(), device=mask.device)
+    big = mask.numel()
+    first = torch.full((cu_seqlens.numel() - 1,), big, dtype=torch.long, device=mask.device)
+    first = first.scatter_reduce(0, seq_ids[mask], positions[mask], reduce="amin")
+    return positions >= first[seq_ids]
+
+
+def token_gae(
+    rewards: Tensor,
+    values: Tensor,
+    action_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float = 1.0,
+    lam: float | Tensor = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Plain token-level GAE over every response position (the naive multi-turn baseline).
+
+    The recursion runs over all tokens from the first action token to the end of the trajectory, so
+    observation tokens' values enter the TD errors; the outputs are then masked to action tokens.
+    Shapes and returns as :func:`skip_observation_gae`.
+    """
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    chain = response_mask(mask, cu_seqlens)
+    adv = _chain_gae(rewards, values, chain, cu_seqlens, gamma, lam_t)
+    adv = torch.where(mask, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return adv, _returns(adv, values, mask)
+
+
+def step_spans(action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Locate steps (maximal runs of action tokens within a trajectory).
+
+    Returns:
+        ``step_of_token`` ``(T,)`` long (step index, −1 on non-action tokens), ``step_cu_seqlens``
+        ``(B+1,)`` (steps per trajectory, cumulative), ``is_last`` ``(T,)`` bool (last token of a step).
+    """
+    mask = action_mask.bool()
+    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
+    same_seq_prev = torch.zeros_like(mask)
+    same_seq_prev[1:] = seq_ids[1:] == seq_ids[:-1]
+    prev_action = torch.zeros_like(mask)
+    prev_action[1:] = mask[:-1]
+    starts = mask & ~(prev_action & same_seq_prev)
+    next_action = torch.zeros_like(mask)
+    next_action[:-1] = mask[1:] & same_seq_prev[1:]
+    is_last = mask & ~next_action
+    step_idx = torch.cumsum(starts.long(), 0) - 1
+    step_of_token = torch.where(mask, step_idx, torch.full_like(step_idx, -1))
+    steps_per_seq = segment_count(starts, seq_ids, cu_seqlens.numel() - 1)
+    step_cu = torch.zeros(steps_per_seq.numel() + 1, dtype=torch.long, device=mask.device)
+    step_cu[1:] = torch.cumsum(steps_per_seq, 0)
+    return step_of_token, step_cu, is_last
+
+
+def step_gae(
+    rewards: Tensor,
+    values: Tensor,
+    action_mask: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float = 1.0,
+    lam: float | Tensor = 1.0,
+    step_value: Literal["average", "last_token"] = "average",
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Step-wise GAE: one advantage per turn (a step = a maximal run of action tokens).
+
+    Step value ``V(S_i)`` is the mean of the step's token values (``average``) or the value at its last
+    token (``last_token``); ``δ_i = R_i + γV(S_{i+1}) − V(S_i)`` with ``R_i`` the sum of the step's token
+    rewards, ``V(S_{n+1}) = 0``; ``Â_i = δ_i + γλÂ_{i+1}``. Pass λ per trajectory to count steps in the
+    length-adaptive rule.
+
+    Returns:
+        ``(advantages, returns, value_mask)``, all ``(T,)``: every action token of step i gets ``Â_i``;
+        the value target ``Â_i + V(S_i)`` is on all of the step's tokens (``average``) or on its last token
+        only (``last_token``); ``value_mask`` marks the tokens the value loss trains on.
+    """
+    if step_value not in ("average", "last_token"):
+        raise ValueError(f"step_value must be 'average' or 'last_token', got {step_value!r}")
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    step_of_token, step_cu, is_last = step_spans(mask, cu_seqlens)
+    num_steps = int(step_cu[-1])
+    act_steps = step_of_token[mask]
+    v64 = values.detach().to(torch.float64)
+    step_rewards = segment_sum(rewards[mask].to(torch.float64), act_steps, num_steps)
+    if step_value == "average":
+        sums = segment_sum(v64[mask], act_steps, num_steps)
+        step_values = sums / segment_count(mask[mask], act_steps, num_steps).clamp(min=1)
+        value_mask = mask
+    else:
+        step_values = torch.zeros(num_steps, dtype=torch.float64, device=values.device)
+        step_values[step_of_token[is_last]] = v64[is_last]
+        value_mask = is_last
+    all_steps = torch.ones(num_steps, dtype=torch.bool, device=mask.device)
+    step_adv = _chain_gae(step_rewards, step_values, all_steps, step_cu, gamma, lam_t)
+    gathered = step_of_token.clamp(min=0)
+    adv = torch.where(mask, step_adv[gathered], torch.zeros_like(v64))
+    returns = torch.where(value_mask, (step_adv + step_values)[gathered], torch.zeros_like(v64))
+    return adv.to(values.dtype), returns.to(values.dtype), value_mask

@@ -1,0 +1,71 @@
+"""Critic objective and diagnostics: masked value loss and explained variance (SPEC §2.3, §5)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .aggregate import LossAgg, aggregate, masked_mean, masked_var
+
+__all__ = ["explained_variance", "value_loss"]
+
+
+def value_loss(
+    values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    old_values: Tensor | None = None,
+    clip_eps: float | None = None,
+    agg: LossAgg = "token-mean",
+    cu_seqlens: Tensor | None = None,
+    *,
+    denominator: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Masked MSE ``(V − R)²`` over the value-trained tokens (action tokens), optionally PPO-clipped.
+
+    Our reading of SPEC §2.3 is the unclipped MSE (``clip_eps=None``); with ``clip_eps`` the loss is
+    ``max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)`` as in PPO implementations.
+
+    Args:
+        values: ``(T,)`` critic outputs (with grad). returns: ``(T,)`` targets (constants).
+        mask: ``(T,)`` tokens the critic is trained on. old_values: ``(T,)`` needed with ``clip_eps``.
+
+    Returns:
+        ``(loss, metrics)``: ``critic/value_loss``, ``critic/value_mean``, ``critic/return_mean``,
+        ``critic/explained_variance`` and, when clipping, ``critic/clip_frac``.
+    """
+    mask = mask.bool()
+    target = returns.detach()
+    per_token = (values - target) ** 2
+    metrics: dict[str, Tensor] = {}
+    if clip_eps is not None:
+        if old_values is None:
+            raise ValueError("value clipping needs old_values")
+        clipped = old_values.detach() + (values - old_values.detach()).clamp(-clip_eps, clip_eps)
+        clipped_loss = (clipped - target) ** 2
+        metrics["critic/clip_frac"] = masked_mean((clipped_loss > per_token).float().detach(), mask)
+        per_token = torch.maximum(per_token, clipped_loss)
+    loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
+    with torch.no_grad():
+        metrics["critic/value_loss"] = loss.detach()
+        metrics["critic/value_mean"] = masked_mean(values.detach(), mask)
+        metrics["critic/return_mean"] = masked_mean(target, mask)
+        metrics["critic/explained_variance"] = torch.tensor(explained_variance(values.detach(), target, mask))
+    return loss, metrics
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 − Var(R − V) / Var(R)`` over the masked tokens (SPEC §5).
+
+    1 is a perfect critic, 0 one that predicts the mean, negative worse than the mean. Returns NaN when
+    the returns have no variance (the ratio is undefined) or the mask is empty.
+    """
+    mask = mask.bool()
+    if not bool(mask.any()):
+        return float("nan")
+    values = values.detach().to(torch.float64)
+    returns = returns.detach().to(torch.float64)
+    var_returns = masked_var(returns, mask)
+    if float(var_returns) == 0.0:
+        return float("nan")
+    return float(1.0 - masked_var(returns - values, mask) / var_returns)
