@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from .kernels import STRAY_REWARD_MSG, chain_gae_cpu, numba_available
 from .packed import check_packed, segment_count, segment_sum, seq_ids_from_cu_seqlens
 from .scan import BLOCK as _SCAN_ALIGN
 from .scan import discounted_cumsum
@@ -62,9 +63,40 @@ def _lambda_per_seq(lam: float | Tensor, num_seqs: int, device: torch.device) ->
 
 
 def _chain_gae(
+    rewards: Tensor,
+    values: Tensor,
+    chain: Tensor,
+    keep: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """GAE along the ``chain`` tokens of each trajectory, jumping over every other token.
+
+    Dispatch: the compiled kernel for CPU tensors (``kernels.py``), else the tensor scan below.
+
+    Args:
+        rewards, values: ``(T,)``; chain, keep: ``(T,)`` bool, keep ⊆ chain (the tokens whose outputs
+        are kept); cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64.
+
+    Returns:
+        ``(advantages, returns)`` ``(T,)`` in the dtype of ``values``, 0 off ``keep``; returns = Â + V.
+    """
+    if values.device.type == "cpu" and numba_available():
+        return chain_gae_cpu(rewards, values, chain, keep, cu_seqlens, gamma, lam)
+    if bool(((rewards != 0) & ~keep).any()):
+        raise ValueError(STRAY_REWARD_MSG)
+    adv = _chain_gae_scan(rewards, values, chain, cu_seqlens, gamma, lam)
+    zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
+    if keep is not chain:
+        adv = torch.where(keep, adv, zero)
+    return adv, torch.where(keep, adv + values.detach(), zero)
+
+
+def _chain_gae_scan(
     rewards: Tensor, values: Tensor, chain: Tensor, cu_seqlens: Tensor, gamma: float, lam: Tensor
 ) -> Tensor:
-    """GAE along the ``chain`` tokens of each trajectory, jumping over every other token.
+    """Tensor-op GAE along the chain (any device).
 
     The chain tokens are scattered into a time-reversed, right-padded ``(B, W)`` layout (column 0 holds
     the last chain token) where GAE is a forward discounted cumsum of the TD errors. Every packed token
@@ -104,15 +136,7 @@ def _prepare(rewards: Tensor, values: Tensor, action_mask: Tensor, cu_seqlens: T
     check_packed(cu_seqlens, rewards, values, action_mask, names=("rewards", "values", "action_mask"))
     if not values.is_floating_point():
         raise ValueError(f"values must be a float tensor, got {values.dtype}")
-    mask = action_mask.bool()
-    if bool(((rewards != 0) & ~mask).any()):
-        raise ValueError("rewards must be 0 on non-action tokens (put the outcome on the last action token)")
-    return mask, cu_seqlens.numel() - 1
-
-
-def _returns(adv: Tensor, values: Tensor, mask: Tensor) -> Tensor:
-    """``(T,)`` value targets: Â + V on the masked tokens, 0 elsewhere."""
-    return torch.where(mask, adv + values.detach(), torch.zeros((), dtype=adv.dtype, device=adv.device))
+    return action_mask.bool(), cu_seqlens.numel() - 1
 
 
 def skip_observation_gae(
@@ -142,8 +166,7 @@ def skip_observation_gae(
     """
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
-    adv = _chain_gae(rewards, values, mask, cu_seqlens, gamma, lam_t)
-    return adv, _returns(adv, values, mask)
+    return _chain_gae(rewards, values, mask, mask, cu_seqlens, gamma, lam_t)
 
 
 def response_mask(action_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -174,9 +197,7 @@ def token_gae(
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
     chain = response_mask(mask, cu_seqlens)
-    adv = _chain_gae(rewards, values, chain, cu_seqlens, gamma, lam_t)
-    adv = torch.where(mask, adv, torch.zeros((), dtype=adv.dtype, device=adv.device))
-    return adv, _returns(adv, values, mask)
+    return _chain_gae(rewards, values, chain, mask, cu_seqlens, gamma, lam_t)
 
 
 def step_spans(action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -229,6 +250,8 @@ def step_gae(
         raise ValueError(f"step_value must be 'average' or 'last_token', got {step_value!r}")
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    if bool(((rewards != 0) & ~mask).any()):
+        raise ValueError(STRAY_REWARD_MSG)
     step_of_token, step_cu, is_last = step_spans(mask, cu_seqlens)
     num_steps = int(step_cu[-1])
     act_steps = step_of_token[mask]
@@ -243,7 +266,7 @@ def step_gae(
         step_values[step_of_token[is_last]] = v64[is_last]
         value_mask = is_last
     all_steps = torch.ones(num_steps, dtype=torch.bool, device=mask.device)
-    step_adv = _chain_gae(step_rewards, step_values, all_steps, step_cu, gamma, lam_t)
+    step_adv, _ = _chain_gae(step_rewards, step_values, all_steps, all_steps, step_cu, gamma, lam_t)
     gathered = step_of_token.clamp(min=0)
     adv = torch.where(mask, step_adv[gathered], torch.zeros_like(v64))
     returns = torch.where(value_mask, (step_adv + step_values)[gathered], torch.zeros_like(v64))

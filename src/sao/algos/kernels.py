@@ -1,0 +1,109 @@
+"""Compiled CPU kernel for the GAE recursion along a chain of tokens (numba).
+
+On CPU the sequential recursion is fastest as one pass per trajectory in compiled code (parallel over
+trajectories); the blocked tensor scan in ``scan.py`` is the path for GPU tensors and the fallback where
+numba is missing or disabled (``SAO_NUMBA=0``). Both are tested against the same reference loops.
+The kernel is compiled on first use (about a second) and cached on disk by numba.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["STRAY_REWARD_MSG", "chain_gae_cpu", "numba_available"]
+
+STRAY_REWARD_MSG = "rewards must be 0 on non-action tokens (put the outcome on the last action token)"
+
+
+@functools.cache
+def _kernel() -> Callable[..., None] | None:
+    if os.environ.get("SAO_NUMBA", "1") == "0":
+        return None
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    @numba.njit(parallel=True, cache=True, nogil=True)
+    def chain_gae(
+        rewards: Any,
+        values: Any,
+        chain: Any,
+        keep: Any,
+        cu: Any,
+        decay: Any,
+        gamma: float,
+        adv: Any,
+        ret: Any,
+        stray_reward: Any,
+    ) -> None:
+        # Writes every position (adv/ret arrive uninitialised); flags a reward outside `keep` per row.
+        for b in numba.prange(cu.shape[0] - 1):
+            next_value = 0.0
+            running = 0.0
+            d = decay[b]
+            for t in range(cu[b + 1] - 1, cu[b] - 1, -1):
+                if chain[t]:
+                    running = rewards[t] + gamma * next_value - values[t] + d * running
+                    next_value = values[t]
+                if keep[t]:
+                    adv[t] = running
+                    ret[t] = running + next_value
+                else:
+                    adv[t] = 0.0
+                    ret[t] = 0.0
+                    if rewards[t] != 0.0:
+                        stray_reward[b] = True
+
+    return chain_gae
+
+
+def numba_available() -> bool:
+    """True when the compiled CPU kernel can be used."""
+    return _kernel() is not None
+
+
+def chain_gae_cpu(
+    rewards: Tensor,
+    values: Tensor,
+    chain: Tensor,
+    keep: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: Tensor,
+) -> tuple[Tensor, Tensor]:
+    """GAE along the ``chain`` tokens of each trajectory, on CPU; see ``gae._chain_gae``.
+
+    Inputs: ``rewards``/``values`` ``(T,)`` float, ``chain`` and ``keep`` ``(T,)`` bool (``keep`` ⊆
+    ``chain``), ``cu_seqlens`` ``(B+1,)``, ``lam`` ``(B,)``. Accumulates in float64. Returns
+    ``(advantages, returns)`` ``(T,)`` in the dtype of ``values``, 0 off ``keep``. Requires
+    :func:`numba_available`.
+    """
+    kernel = _kernel()
+    if kernel is None:
+        raise RuntimeError("the numba GAE kernel is not available (numba missing or SAO_NUMBA=0)")
+    work = values.dtype if values.dtype in (torch.float32, torch.float64) else torch.float32  # numpy: no bf16
+    adv = torch.empty(values.shape, dtype=work)
+    ret = torch.empty_like(adv)
+    stray = torch.zeros(cu_seqlens.numel() - 1, dtype=torch.bool)
+    kernel(
+        rewards.detach().to(work).contiguous().numpy(),
+        values.detach().to(work).contiguous().numpy(),
+        chain.contiguous().numpy(),
+        keep.contiguous().numpy(),
+        cu_seqlens.to(torch.int64).contiguous().numpy(),
+        (gamma * lam).to(torch.float64).contiguous().numpy(),
+        float(gamma),
+        adv.numpy(),
+        ret.numpy(),
+        stray.numpy(),
+    )
+    if bool(stray.any()):
+        raise ValueError(STRAY_REWARD_MSG)
+    return adv.to(values.dtype), ret.to(values.dtype)
