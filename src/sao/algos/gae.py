@@ -132,8 +132,12 @@ def _chain_gae_scan(
     return out[dest]
 
 
-def _prepare(rewards: Tensor, values: Tensor, action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, int]:
+def _prepare(
+    rewards: Tensor, values: Tensor, action_mask: Tensor, cu_seqlens: Tensor, gamma: float
+) -> tuple[Tensor, int]:
     check_packed(cu_seqlens, rewards, values, action_mask, names=("rewards", "values", "action_mask"))
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must lie in [0, 1], got {gamma}")
     if not values.is_floating_point():
         raise ValueError(f"values must be a float tensor, got {values.dtype}")
     return action_mask.bool(), cu_seqlens.numel() - 1
@@ -164,7 +168,7 @@ def skip_observation_gae(
         ``(advantages, returns)``, both ``(T,)`` in the dtype of ``values``, 0 on non-action tokens;
         ``returns = advantages + values`` on action tokens.
     """
-    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
     return _chain_gae(rewards, values, mask, mask, cu_seqlens, gamma, lam_t)
 
@@ -194,14 +198,17 @@ def token_gae(
     observation tokens' values enter the TD errors; the outputs are then masked to action tokens.
     Shapes and returns as :func:`skip_observation_gae`.
     """
-    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
     chain = response_mask(mask, cu_seqlens)
     return _chain_gae(rewards, values, chain, mask, cu_seqlens, gamma, lam_t)
 
 
-def step_spans(action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Locate steps (maximal runs of action tokens within a trajectory).
+def step_spans(
+    action_mask: Tensor, cu_seqlens: Tensor, turn_ids: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Locate steps: maximal runs of action tokens within a trajectory (and, when ``turn_ids`` ``(T,)``
+    is given, within one turn, so two back-to-back turns with no observation between stay two steps).
 
     Returns:
         ``step_of_token`` ``(T,)`` long (step index, −1 on non-action tokens), ``step_cu_seqlens``
@@ -211,6 +218,8 @@ def step_spans(action_mask: Tensor, cu_seqlens: Tensor) -> tuple[Tensor, Tensor,
     seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
     same_seq_prev = torch.zeros_like(mask)
     same_seq_prev[1:] = seq_ids[1:] == seq_ids[:-1]
+    if turn_ids is not None:
+        same_seq_prev[1:] &= turn_ids[1:] == turn_ids[:-1]
     prev_action = torch.zeros_like(mask)
     prev_action[1:] = mask[:-1]
     starts = mask & ~(prev_action & same_seq_prev)
@@ -233,13 +242,15 @@ def step_gae(
     gamma: float = 1.0,
     lam: float | Tensor = 1.0,
     step_value: Literal["average", "last_token"] = "average",
+    turn_ids: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Step-wise GAE: one advantage per turn (a step = a maximal run of action tokens).
 
     Step value ``V(S_i)`` is the mean of the step's token values (``average``) or the value at its last
     token (``last_token``); ``δ_i = R_i + γV(S_{i+1}) − V(S_i)`` with ``R_i`` the sum of the step's token
     rewards, ``V(S_{n+1}) = 0``; ``Â_i = δ_i + γλÂ_{i+1}``. Pass λ per trajectory to count steps in the
-    length-adaptive rule.
+    length-adaptive rule. ``turn_ids`` ``(T,)`` optionally splits steps at turn changes (see
+    :func:`step_spans`).
 
     Returns:
         ``(advantages, returns, value_mask)``, all ``(T,)``: every action token of step i gets ``Â_i``;
@@ -248,12 +259,15 @@ def step_gae(
     """
     if step_value not in ("average", "last_token"):
         raise ValueError(f"step_value must be 'average' or 'last_token', got {step_value!r}")
-    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens)
+    mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
     if bool(((rewards != 0) & ~mask).any()):
         raise ValueError(STRAY_REWARD_MSG)
-    step_of_token, step_cu, is_last = step_spans(mask, cu_seqlens)
+    step_of_token, step_cu, is_last = step_spans(mask, cu_seqlens, turn_ids)
     num_steps = int(step_cu[-1])
+    if num_steps == 0:  # no action token in the batch: nothing to estimate
+        zeros = torch.zeros_like(values, requires_grad=False)
+        return zeros, zeros.clone(), mask
     act_steps = step_of_token[mask]
     v64 = values.detach().to(torch.float64)
     step_rewards = segment_sum(rewards[mask].to(torch.float64), act_steps, num_steps)

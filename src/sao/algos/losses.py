@@ -63,7 +63,8 @@ def dis_loss(
     """
     _check_band(eps_low, eps_high)
     mask = action_mask.bool()
-    log_ratio = (logprobs - rollout_logprobs).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    raw_log_ratio = logprobs - rollout_logprobs
+    log_ratio = raw_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     lr = log_ratio.detach()
     below = lr <= math.log1p(-eps_low)
     above = lr >= math.log1p(eps_high)
@@ -76,7 +77,7 @@ def dis_loss(
             "dis/masked_frac": masked_mean((below | above).float(), mask),
             "dis/masked_frac_below": masked_mean(below.float(), mask),
             "dis/masked_frac_above": masked_mean(above.float(), mask),
-            "dis/logprob_abs_diff": masked_mean(lr.abs(), mask),
+            "dis/logprob_abs_diff": masked_mean(raw_log_ratio.detach().abs(), mask),
             "dis/ratio_mean": masked_mean(ratio.detach(), mask),
         }
     return loss, metrics

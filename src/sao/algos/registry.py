@@ -56,6 +56,7 @@ class AdvantageInputs:
     prompt_ids: Sequence[Hashable] = ()  # (B,) for running-mean and SPO state
     group_ids: Tensor | Sequence[Hashable] | None = None  # (B,) for GRPO
     divergence: Tensor | None = None  # (B,) SPO's D per trajectory
+    turn_ids: Tensor | None = None  # (T,) splits step_gae's steps at turn changes
 
     def outcomes(self) -> Tensor:
         if self.outcome_rewards is not None:
@@ -222,10 +223,10 @@ register_advantage_estimator("token_gae", uses_critic=True)(_decoupled_gae(token
 def _step_gae(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
     assert inp.values is not None
     args = (inp.token_rewards, inp.values, inp.action_mask, inp.cu_seqlens, params.gamma)
-    _, step_cu, _ = step_spans(inp.action_mask, inp.cu_seqlens)
+    _, step_cu, _ = step_spans(inp.action_mask, inp.cu_seqlens, inp.turn_ids)
     lam = _policy_lambda(params, step_cu[1:] - step_cu[:-1])  # the adaptive rule counts steps here
-    advantages, _, _ = step_gae(*args, lam, params.step_value)
-    _, returns, value_mask = step_gae(*args, params.lam_critic, params.step_value)
+    advantages, _, _ = step_gae(*args, lam, params.step_value, inp.turn_ids)
+    _, returns, value_mask = step_gae(*args, params.lam_critic, params.step_value, inp.turn_ids)
     return AdvantageResult(advantages, returns, value_mask)
 
 

@@ -8,9 +8,9 @@ It is solved as a blocked scan: inside a block of C steps ``y_t = d^t Σ_{k≤t}
 exact in float64 because C is small enough that ``d^{-(C-1)}`` cannot overflow), and the values at block
 ends obey the same recursion with decay ``d^C``, solved recursively. O(L) tensor work, O(log_C L) Python
 steps.
-Float32 inputs are solved in float32 on the token level when every non-zero decay is >= 0.01 (then
-``d^{-(C-1)}`` stays far below float32's range); otherwise, and for the short block-level recursions,
-in float64.
+Float32 inputs are solved in float32 on the token level when ``max|x| · d^{-(C-1)}`` stays inside
+float32's range for every non-zero decay (always so for d >= 0.01 and |x| < 1e8); otherwise, and for
+the short block-level recursions, in float64.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ BLOCK = 16
 # A decay below this adds less than float64 resolution per step; treating it as 0 bounds d^-(C-1) by
 # 1e180, far from overflow.
 _TINY_DECAY = 1e-12
-_FLOAT32_MIN_DECAY = 1e-2
+_FLOAT32_MAX_SCALED = 1e36  # float32 max is 3.4e38; keep a margin for the cumsum
 
 
 def discounted_cumsum(x: Tensor, decay: Tensor | float) -> Tensor:
@@ -43,9 +43,17 @@ def discounted_cumsum(x: Tensor, decay: Tensor | float) -> Tensor:
     if bool(((d < 0) | (d > 1) | d.isnan()).any()):
         raise ValueError("decay must lie in [0, 1]")
     d = torch.where(d < _TINY_DECAY, torch.zeros_like(d), d)
-    float32_ok = x.dtype == torch.float32 and not bool(((d > 0) & (d < _FLOAT32_MIN_DECAY)).any())
-    work = x if float32_ok else x.to(torch.float64)
+    work = x if x.dtype == torch.float32 and _float32_safe(x, d) else x.to(torch.float64)
     return _scan(work, d).to(x.dtype)
+
+
+def _float32_safe(x: Tensor, d: Tensor) -> bool:
+    """True when x / d^t (t < BLOCK) cannot overflow float32 for any row."""
+    positive = d[d > 0]
+    if positive.numel() == 0 or x.numel() == 0:
+        return True
+    largest_scale = float(positive.min()) ** -(BLOCK - 1)
+    return float(x.abs().max()) * largest_scale < _FLOAT32_MAX_SCALED
 
 
 def reverse_discounted_cumsum(x: Tensor, decay: Tensor | float) -> Tensor:
