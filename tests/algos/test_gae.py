@@ -426,3 +426,32 @@ def test_turn_ids_split_back_to_back_turns_into_separate_steps(gae_path):
     assert step_of_token.tolist() == [-1, 0, 0, 1, 1]
     assert step_cu.tolist() == [0, 2]
     assert is_last.tolist() == [False, False, True, False, True]
+
+
+def test_concurrent_calls_from_threads_give_identical_results(gae_path):
+    # The async runtime may compute advantages from several threads; the CPU kernel's launches must not
+    # interfere (numba's default threading layer aborts on concurrent parallel launches without a lock).
+    import threading
+
+    gen = torch.Generator().manual_seed(0)
+    total = 40_000
+    mask = torch.rand(total, generator=gen) > 0.2
+    cu = torch.arange(0, total + 1, 1000)
+    mask[cu[1:] - 1] = True
+    rewards = torch.zeros(total)
+    rewards[cu[1:] - 1] = 1.0
+    values = torch.randn(total, generator=gen)
+    expected = skip_observation_gae(rewards, values, mask, cu, 1.0, 0.9)[0]
+    mismatches: list[int] = []
+
+    def worker() -> None:
+        for _ in range(10):
+            if not torch.equal(skip_observation_gae(rewards, values, mask, cu, 1.0, 0.9)[0], expected):
+                mismatches.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not mismatches

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,10 @@ import torch
 from torch import Tensor
 
 __all__ = ["STRAY_REWARD_MSG", "chain_gae_cpu", "numba_available"]
+
+# numba's default "workqueue" threading layer aborts the process on concurrent parallel launches; the
+# async runtime may call GAE from more than one thread, so launches are serialised.
+_LAUNCH_LOCK = threading.Lock()
 
 STRAY_REWARD_MSG = "rewards must be 0 on non-action tokens (put the outcome on the last action token)"
 
@@ -92,7 +97,7 @@ def chain_gae_cpu(
     adv = torch.empty(values.shape, dtype=work)
     ret = torch.empty_like(adv)
     stray = torch.zeros(cu_seqlens.numel() - 1, dtype=torch.bool)
-    kernel(
+    args = (
         rewards.detach().to(work).contiguous().numpy(),
         values.detach().to(work).contiguous().numpy(),
         chain.contiguous().numpy(),
@@ -100,10 +105,9 @@ def chain_gae_cpu(
         cu_seqlens.to(torch.int64).contiguous().numpy(),
         (gamma * lam).to(torch.float64).contiguous().numpy(),
         float(gamma),
-        adv.numpy(),
-        ret.numpy(),
-        stray.numpy(),
     )
+    with _LAUNCH_LOCK:
+        kernel(*args, adv.numpy(), ret.numpy(), stray.numpy())
     if bool(stray.any()):
         raise ValueError(STRAY_REWARD_MSG)
     return adv.to(values.dtype), ret.to(values.dtype)
