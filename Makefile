@@ -17,10 +17,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Until the training loop lands, the main job is what runs end to end today: the presets, the resolved
+# quickstart config, and the advantage estimator on a paper-sized batch against the reference loop.
 demo: install
 	$(BIN)/sao presets
 	$(BIN)/sao config configs/quickstart.yaml
-	$(BIN)/python benchmarks/gae.py --trajectories 32 --tokens 4096 --reference-trajectories 4
+	$(BIN)/python benchmarks/gae.py
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
