@@ -1,0 +1,147 @@
+"""Loading a policy and its tokenizer from a local Hugging Face checkpoint directory.
+
+Everything is offline (``local_files_only=True``): a path is a directory on disk, never a hub id. A run
+config names either a checkpoint (``model.path``) or a tiny architecture (``model.tiny_arch``), which
+`model_from_config` materialises once under a cache directory and reuses afterwards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+from sao.config import ModelConfig
+from sao.models.tiny import TinyArch, TinySize, tiny_checkpoint, tiny_config
+from sao.models.tokenizer import build_tokenizer
+
+__all__ = ["load_policy", "load_tokenizer", "model_from_config", "resolve_device", "resolve_dtype"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` -> cuda if available else cpu; otherwise ``torch.device(device)``. Raises ValueError for
+    an unparsable name or a CUDA device that is not there."""
+    if isinstance(device, torch.device):
+        resolved = device
+    elif device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            resolved = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"invalid device {device!r}: {err}") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {str(resolved)!r} requested but CUDA is not available")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {str(resolved)!r} requested but only {torch.cuda.device_count()} GPU(s)"
+            )
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu") -> torch.dtype:
+    """``"auto"`` -> bfloat16 on CUDA, float32 elsewhere; or one of float32 / bfloat16 / float16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _checkpoint_dir(path: str | Path) -> Path:
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"model checkpoint directory {str(directory)!r} does not exist")
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(f"{str(directory)!r} is not a Hugging Face checkpoint: no config.json")
+    return directory
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in checkpoint directory ``path`` (offline)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"tokenizer directory {str(directory)!r} does not exist")
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+
+
+def load_policy(
+    path: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
+    """A causal LM from checkpoint directory ``path``, in ``dtype`` on ``device`` (see `resolve_device`,
+    `resolve_dtype`). Raises FileNotFoundError (missing directory, config or weights) or ValueError (the
+    config is not a causal-LM architecture), each naming the path."""
+    directory = _checkpoint_dir(path)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(
+            f"{str(directory)!r} holds a {config.model_type!r} model, which is not a causal language model"
+        )
+    if not any((directory / name).is_file() for name in _WEIGHT_FILES):
+        raise FileNotFoundError(f"{str(directory)!r} has no weights ({' or '.join(_WEIGHT_FILES)})")
+    target = resolve_device(device)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, dtype=resolve_dtype(dtype, target), local_files_only=True, **kwargs
+    )
+    return model.to(target)
+
+
+def _tiny_digest(arch: TinyArch, size: TinySize) -> str:
+    """8 hex digits naming what a tiny checkpoint holds (config and tokenizer), so a cached one is rebuilt
+    when either changes."""
+    tokenizer = build_tokenizer()
+    content = tiny_config(arch, size).to_json_string(use_diff=False)
+    content += tokenizer.backend_tokenizer.to_str() + str(tokenizer.chat_template)
+    return hashlib.sha256(content.encode()).hexdigest()[:8]
+
+
+def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) -> Path:
+    """The checkpoint directory a run config names: ``cfg.path``, or for ``cfg.tiny_arch`` a tiny checkpoint
+    under ``cache_dir`` (built on first use, atomically, then reused while its config and tokenizer are
+    unchanged)."""
+    if cfg.tiny_arch is None:
+        assert cfg.path is not None  # ModelConfig holds exactly one of path / tiny_arch
+        return Path(cfg.path)
+    cache = Path(cache_dir)
+    digest = _tiny_digest(cfg.tiny_arch, cfg.tiny_size)
+    target = cache / f"tiny-{cfg.tiny_arch}-{cfg.tiny_size}-seed{seed}-{digest}"
+    if target.is_dir():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
+    try:
+        tiny_checkpoint(scratch, cfg.tiny_arch, cfg.tiny_size, seed)
+        os.rename(scratch, target)  # atomic: a reader never sees a half-written checkpoint
+    except OSError:
+        if not target.is_dir():  # not the lost race with another process building the same checkpoint
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target

@@ -1,0 +1,147 @@
+"""A byte-level tokenizer with Qwen-style special tokens and chat template, built locally (no download).
+
+The vocabulary is the 256 bytes (token id == byte value, GPT-2's byte-to-unicode alphabet, no merges), then
+the special tokens in Qwen's relative order from id 256. With no merges, the ids of a text are its UTF-8
+bytes, so any text prefix is a token prefix (until a special token straddles the cut) and building the
+tokenizer is deterministic: identical on every run and machine.
+
+The chat template follows Qwen3's turn format (``<|im_start|>role\\n…<|im_end|>\\n``, tools in the system
+turn, tool calls as ``<tool_call>`` JSON, tool results as user turns wrapped in ``<tool_response>``) with two
+deliberate differences that make rendering *prefix-stable* — the rendering of ``messages[:k]`` is a prefix
+of the rendering of ``messages[:k+1]`` — which RL's token-in/token-out bookkeeping needs:
+earlier ``reasoning_content`` is never stripped, and each tool message is its own user turn (Qwen3 merges
+consecutive tool results into one turn, which rewrites the previous turn's end).
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedTokenizerFast
+
+__all__ = [
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "build_tokenizer",
+    "padded_vocab_size",
+]
+
+PAD_TOKEN = "<|endoftext|>"
+EOS_TOKEN = "<|im_end|>"
+# (content, special): special tokens are dropped by ``decode(skip_special_tokens=True)``; the tool and
+# think markers are not, as in Qwen3, so decoded text still shows tool calls and reasoning.
+SPECIAL_TOKENS: tuple[tuple[str, bool], ...] = (
+    (PAD_TOKEN, True),
+    ("<|im_start|>", True),
+    (EOS_TOKEN, True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<tool_response>", False),
+    ("</tool_response>", False),
+    ("<think>", False),
+    ("</think>", False),
+)
+
+CHAT_TEMPLATE = """\
+{%- if messages and messages[0].role == 'system' -%}
+  {%- set system_text = messages[0].content or '' -%}
+{%- else -%}
+  {%- set system_text = none -%}
+{%- endif -%}
+{%- if tools -%}
+  {{- '<|im_start|>system\\n' -}}
+  {%- if system_text is not none -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
+  {{- '# Tools\\n\\nYou may call one or more functions. '
+      'Their signatures are inside <tools></tools>:\\n<tools>' -}}
+  {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+  {{- '\\n</tools>\\n\\nTo call a function, return a JSON object with its name and arguments inside '
+      '<tool_call></tool_call> tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
+      '<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}
+{%- elif system_text is not none -%}
+  {{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+  {%- if message.role == 'system' -%}
+    {%- if not loop.first -%}
+      {{- raise_exception('only the first message may have role system') -}}
+    {%- endif -%}
+  {%- elif message.role == 'user' -%}
+    {{- '<|im_start|>user\\n' + (message.content or '') + '<|im_end|>\\n' -}}
+  {%- elif message.role == 'tool' -%}
+    {{- '<|im_start|>user\\n<tool_response>\\n' + (message.content or '')
+        + '\\n</tool_response><|im_end|>\\n' -}}
+  {%- elif message.role == 'assistant' -%}
+    {{- '<|im_start|>assistant\\n' -}}
+    {%- if message.reasoning_content is defined and message.reasoning_content is not none -%}
+      {{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' -}}
+    {%- endif -%}
+    {{- message.content or '' -}}
+    {%- if message.tool_calls is defined and message.tool_calls -%}
+      {%- for call in message.tool_calls -%}
+        {%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}
+        {%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}
+        {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' -}}
+        {%- if call.arguments is string -%}{{- call.arguments -}}
+        {%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
+        {{- '}\\n</tool_call>' -}}
+      {%- endfor -%}
+    {%- endif -%}
+    {{- '<|im_end|>\\n' -}}
+  {%- else -%}
+    {{- raise_exception('unknown message role: ' + message.role) -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|im_start|>assistant\\n' -}}
+  {%- if enable_thinking is defined and enable_thinking is false -%}
+    {{- '<think>\\n\\n</think>\\n\\n' -}}
+  {%- endif -%}
+{%- endif -%}
+"""
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode map as a list: entry b is the printable character that stands for byte b."""
+    printable = {
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    }
+    alphabet, shifted = [], 0
+    for byte in range(256):
+        if byte in printable:
+            alphabet.append(chr(byte))
+        else:
+            alphabet.append(chr(256 + shifted))
+            shifted += 1
+    return alphabet
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The byte-level tokenizer: ids 0..255 are bytes, 256.. the `SPECIAL_TOKENS`; pad ``<|endoftext|>``,
+    eos ``<|im_end|>``, no bos; `CHAT_TEMPLATE` as its chat template. Deterministic, built offline."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: byte for byte, char in enumerate(_byte_alphabet())}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    # No merges, so splitting words first would not change any id: skip the regex.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    for content, special in SPECIAL_TOKENS:
+        token = AddedToken(content, special=special, normalized=False)
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=None,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+def padded_vocab_size(tokenizer: PreTrainedTokenizerFast, multiple: int = 64) -> int:
+    """``len(tokenizer)`` rounded up to a multiple of ``multiple`` (the model's embedding rows)."""
+    return -(-len(tokenizer) // multiple) * multiple
