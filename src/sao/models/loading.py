@@ -71,7 +71,7 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: str | torch.device 
     return _DTYPES[dtype]
 
 
-def _checkpoint_dir(path: str | Path) -> Path:
+def checkpoint_dir(path: str | Path) -> Path:
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"model checkpoint directory {str(directory)!r} does not exist")
@@ -97,7 +97,7 @@ def load_policy(
     """A causal LM from checkpoint directory ``path``, in ``dtype`` on ``device`` (see `resolve_device`,
     `resolve_dtype`). Raises FileNotFoundError (missing directory, config or weights) or ValueError (the
     config is not a causal-LM architecture), each naming the path."""
-    directory = _checkpoint_dir(path)
+    directory = checkpoint_dir(path)
     config = AutoConfig.from_pretrained(directory, local_files_only=True)
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         raise ValueError(

@@ -1,0 +1,1 @@
+"""Training: supervised warm start, value pretraining (and, later, the RL step)."""

@@ -1,0 +1,79 @@
+"""Small pieces shared by the training loops: data splits, batching, schedules, atomic saves."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+__all__ = ["atomic_dir", "batches_forever", "set_seed", "split_eval", "warmup_cosine"]
+
+T = TypeVar("T")
+
+
+def split_eval(items: Sequence[T], eval_frac: float, seed: int) -> tuple[list[T], list[T]]:
+    """Seeded shuffle, then ``(train, eval)`` with ``round(eval_frac·n)`` eval items (at least one train)."""
+    if not 0.0 <= eval_frac < 1.0:
+        raise ValueError(f"eval_frac must lie in [0, 1), got {eval_frac}")
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    n_eval = min(round(eval_frac * len(order)), len(order) - 1)
+    return order[n_eval:], order[:n_eval]
+
+
+def batches_forever(items: Sequence[T], batch_size: int, seed: int) -> Iterator[list[T]]:
+    """Endless epochs over ``items`` in a fresh seeded order each epoch, ``batch_size`` at a time."""
+    rng = random.Random(seed)
+    order = list(items)
+    while True:
+        rng.shuffle(order)
+        for start in range(0, len(order), batch_size):
+            yield order[start : start + batch_size]
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int, floor: float = 0.1) -> Callable[[int], float]:
+    """LR multiplier: linear warm-up to 1, then cosine decay to ``floor`` at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+@contextmanager
+def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
+    """Build a directory atomically: yields a sibling staging dir, renamed over ``out_dir`` on success.
+
+    On an exception the staging dir is removed and ``out_dir`` is left as it was.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield stage
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        old.rmdir()
+        out.rename(old)
+        stage.rename(out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        stage.rename(out)
+
+
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)

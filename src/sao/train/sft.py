@@ -1,0 +1,189 @@
+"""Supervised warm start on chat conversations, loss on assistant (action) tokens only.
+
+Data: JSONL, one conversation per line, ``{"messages": [{"role": ..., "content": ...}, ...]}``. Each is
+rendered with :func:`sao.models.chat.render_chat`, so the loss mask is exactly the RL trainer's action
+mask. Training packs conversations (no padding), takes the token-mean negative log-likelihood over the
+action tokens of each optimizer batch, reports a held-out loss periodically, and writes the model and
+tokenizer to ``out_dir`` atomically, with ``sft_metrics.jsonl`` beside them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
+from sao.runtime.metrics import JsonlMetricsSink
+from sao.types import Batch, Trajectory
+
+from .common import atomic_dir, batches_forever, set_seed, split_eval, warmup_cosine
+
+__all__ = ["SFTOptions", "load_chat_jsonl", "run_sft", "sft_loss"]
+
+
+@dataclass(frozen=True)
+class SFTOptions:
+    """Hyper-parameters of :func:`run_sft` (tiny models need lr ~1e-3; real ones ~1e-5)."""
+
+    steps: int = 200
+    lr: float = 1e-3
+    batch_size: int = 16  # conversations per optimizer step
+    micro_batch_tokens: int = 8192
+    max_tokens: int = 2048  # per conversation, longer ones are truncated
+    eval_frac: float = 0.1
+    eval_every: int = 25
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+
+
+def load_chat_jsonl(path: str | Path) -> list[list[dict[str, Any]]]:
+    """Read conversations; a malformed line raises ``ValueError`` naming the file and line."""
+    conversations = []
+    with Path(path).open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+            messages = record.get("messages") if isinstance(record, dict) else None
+            if not isinstance(messages, list) or not messages:
+                raise ValueError(f"{path}:{lineno}: expected an object with a non-empty 'messages' list")
+            conversations.append(messages)
+    if not conversations:
+        raise ValueError(f"{path}: no conversations")
+    return conversations
+
+
+def sft_loss(model: torch.nn.Module, batch: Batch, micro_batch_tokens: int, backward: bool) -> float:
+    """Token-mean NLL over the batch's action tokens, accumulated over micro-batches.
+
+    With ``backward`` the gradients of the batch loss are accumulated into the model.
+    Returns the loss value.
+    """
+    from sao.models.forward import token_logprobs
+
+    device = next(model.parameters()).device
+    total_action = max(int(batch.action_mask.sum()), 1)
+    loss_sum = 0.0
+    for mb in batch.split(micro_batch_tokens):
+        mb = mb.to(device)
+        with torch.set_grad_enabled(backward):
+            logprobs, _ = token_logprobs(model, mb)
+            loss = -(logprobs * mb.action_mask).sum() / total_action
+        if backward:
+            loss.backward()
+        loss_sum += float(loss.detach())
+    return loss_sum
+
+
+def _trajectories(
+    tokenizer: Any, conversations: Sequence[list[dict[str, Any]]], max_tokens: int
+) -> list[Trajectory]:
+    out = []
+    for i, messages in enumerate(conversations):
+        try:
+            rendered = render_chat(tokenizer, messages)
+        except ChatTemplateError as err:
+            raise ValueError(f"conversation {i}: {err}") from None
+        traj = sft_trajectory(rendered, prompt_id=f"sft-{i}", max_tokens=max_tokens)
+        if traj.num_action_tokens:
+            out.append(traj)
+    if not out:
+        raise ValueError("no conversation has an assistant token within max_tokens")
+    return out
+
+
+def _eval_loss(model: torch.nn.Module, trajs: list[Trajectory], opts: SFTOptions) -> float | None:
+    if not trajs:
+        return None
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(trajs), opts.batch_size):
+        batch = Batch.from_trajectories(trajs[start : start + opts.batch_size])
+        n = int(batch.action_mask.sum())
+        total += sft_loss(model, batch, opts.micro_batch_tokens, backward=False) * n
+        count += n
+    model.train()
+    return total / max(count, 1)
+
+
+def run_sft(
+    model_dir: str | Path,
+    data_path: str | Path,
+    out_dir: str | Path,
+    opts: SFTOptions = SFTOptions(),
+    console: Console | None = None,
+) -> dict[str, float | None]:
+    """Fine-tune the checkpoint in ``model_dir`` on the conversations in ``data_path``; save to ``out_dir``.
+
+    Returns ``{"train_loss", "eval_loss_start", "eval_loss", "steps"}``.
+    """
+    from sao.models.attention import enable_packed_attention
+    from sao.models.loading import load_policy, load_tokenizer
+
+    console = console or Console(stderr=True)
+    set_seed(opts.seed)
+    tokenizer = load_tokenizer(model_dir)
+    model = load_policy(model_dir, dtype=opts.dtype, device=opts.device)
+    enable_packed_attention(model)
+    model.train()
+    trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens)
+    train, held_out = split_eval(trajs, opts.eval_frac, opts.seed)
+    console.print(f"sft: {len(train)} train / {len(held_out)} eval conversations, {opts.steps} steps")
+
+    optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, warmup_cosine(opts.steps, opts.warmup_steps))
+    eval_start = _eval_loss(model, held_out, opts)
+    result: dict[str, float | None] = {"eval_loss_start": eval_start, "eval_loss": eval_start}
+    batches = batches_forever(train, opts.batch_size, opts.seed)
+    columns = (
+        TextColumn("sft"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f} eval {task.fields[eval]}"),
+        TimeRemainingColumn(),
+    )
+    with (
+        atomic_dir(out_dir) as stage,
+        JsonlMetricsSink(stage / "sft_metrics.jsonl") as sink,
+        Progress(*columns, console=console) as bar,
+    ):
+        task = bar.add_task("sft", total=opts.steps, loss=float("nan"), eval=_fmt(eval_start))
+        for step in range(opts.steps):
+            optim.zero_grad(set_to_none=True)
+            loss = sft_loss(model, Batch.from_trajectories(next(batches)), opts.micro_batch_tokens, True)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), opts.grad_clip))
+            optim.step()
+            sched.step()
+            metrics: dict[str, Any] = {
+                "sft/loss": loss,
+                "sft/grad_norm": grad_norm,
+                "sft/lr": sched.get_last_lr()[0],
+            }
+            if (step + 1) % opts.eval_every == 0 or step + 1 == opts.steps:
+                result["eval_loss"] = metrics["sft/eval_loss"] = _eval_loss(model, held_out, opts)
+            sink.log(step + 1, metrics)
+            result["train_loss"] = loss
+            bar.update(task, advance=1, loss=loss, eval=_fmt(result["eval_loss"]))
+        model.save_pretrained(stage)
+        tokenizer.save_pretrained(stage)
+    result["steps"] = opts.steps
+    console.print(f"sft: saved to {out_dir} (eval loss {_fmt(eval_start)} -> {_fmt(result['eval_loss'])})")
+    return result
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"

@@ -1,0 +1,196 @@
+"""Value pretraining (SPEC §2.6): regress a fresh critic on Monte-Carlo returns of the initial policy.
+
+The critic starts from the policy checkpoint (same backbone, new zero head). Targets are the Monte-Carlo
+returns on action tokens (skip-observation GAE with λ = 1: the discounted reward-to-go, 0 on observation
+tokens). Training stops at ``max_steps`` or when the held-out explained variance has not improved by
+``ev_min_delta`` for ``ev_patience`` evaluations. The paper's cold-start fix is a *larger* corpus, so the
+corpus size is an explicit option and is logged with the step count, value loss and the EV curve.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn
+
+from sao.algos import explained_variance, skip_observation_gae, value_loss
+from sao.runtime.metrics import JsonlMetricsSink
+from sao.types import Batch, Trajectory, load_jsonl
+
+from .common import atomic_dir, batches_forever, set_seed, split_eval
+
+__all__ = [
+    "ValuePretrainOptions",
+    "ValuePretrainResult",
+    "mc_returns",
+    "pretrain_value",
+    "run_value_pretrain",
+]
+
+
+@dataclass(frozen=True)
+class ValuePretrainOptions:
+    """Options of :func:`pretrain_value`; the first four mirror ``sao.config.ValuePretrainConfig``."""
+
+    corpus_size: int = 1024
+    max_steps: int = 200
+    ev_patience: int = 10
+    ev_min_delta: float = 0.01
+    lr: float = 5e-6
+    batch_size: int = 32  # trajectories per critic step
+    micro_batch_tokens: int = 8192
+    eval_frac: float = 0.1
+    eval_every: int = 5
+    gamma: float = 1.0
+    freeze: str | list[str] = "none"  # our reading: the whole critic trains before RL; RL freezes attention
+    grad_clip: float = 1.0
+    seed: int = 0
+    dtype: str = "auto"
+    device: str = "auto"
+
+
+@dataclass
+class ValuePretrainResult:
+    corpus_size: int
+    steps: int
+    stop_reason: str
+    ev_curve: list[tuple[int, float]] = field(default_factory=list)
+    best_ev: float = float("nan")
+    final_value_loss: float = float("nan")
+
+
+def mc_returns(batch: Batch, gamma: float = 1.0) -> torch.Tensor:
+    """``(T,)`` discounted reward-to-go on action tokens (0 elsewhere): GAE returns with λ = 1, V = 0."""
+    zeros = torch.zeros_like(batch.token_rewards)
+    return skip_observation_gae(batch.token_rewards, zeros, batch.action_mask, batch.cu_seqlens, gamma, 1.0)[
+        1
+    ]
+
+
+def _values_and_targets(critic: Any, batch: Batch, opts: ValuePretrainOptions) -> list[tuple[Any, ...]]:
+    from sao.models.forward import token_values
+
+    device = next(critic.parameters()).device
+    parts = []
+    for mb in batch.split(opts.micro_batch_tokens):
+        mb = mb.to(device)
+        parts.append((token_values(critic, mb), mc_returns(mb, opts.gamma), mb.action_mask))
+    return parts
+
+
+def _evaluate(critic: Any, trajs: list[Trajectory], opts: ValuePretrainOptions) -> float:
+    critic.eval()
+    values, returns, masks = [], [], []
+    with torch.no_grad():
+        for start in range(0, len(trajs), opts.batch_size):
+            for v, r, m in _values_and_targets(
+                critic, Batch.from_trajectories(trajs[start : start + opts.batch_size]), opts
+            ):
+                values.append(v.float())
+                returns.append(r.float())
+                masks.append(m)
+    critic.train()
+    return explained_variance(torch.cat(values), torch.cat(returns), torch.cat(masks))
+
+
+def pretrain_value(
+    critic: torch.nn.Module,
+    trajectories: list[Trajectory],
+    opts: ValuePretrainOptions,
+    sink: JsonlMetricsSink | None = None,
+    console: Console | None = None,
+) -> ValuePretrainResult:
+    """Train ``critic`` in place on MC returns of ``trajectories`` (already limited to the corpus size)."""
+    from sao.models.freezing import trainable_parameters
+
+    console = console or Console(stderr=True)
+    train, held_out = split_eval(trajectories, opts.eval_frac, opts.seed)
+    held_out = held_out or train  # tiny corpora: evaluate on the training set rather than not at all
+    params = trainable_parameters(critic)
+    optim = torch.optim.AdamW(params, lr=opts.lr)
+    result = ValuePretrainResult(corpus_size=len(trajectories), steps=0, stop_reason="max_steps")
+    best, since_best = float("-inf"), 0
+    batches = batches_forever(train, opts.batch_size, opts.seed)
+    critic.train()
+    columns = (
+        TextColumn("value pretrain"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.4f}  EV {task.fields[ev]:.3f}"),
+    )
+    with Progress(*columns, console=console) as bar:
+        task = bar.add_task("pretrain", total=opts.max_steps, loss=float("nan"), ev=float("nan"))
+        for step in range(1, opts.max_steps + 1):
+            batch = Batch.from_trajectories(next(batches))
+            n_action = max(int(batch.action_mask.sum()), 1)
+            optim.zero_grad(set_to_none=True)
+            loss_value = 0.0
+            for values, returns, mask in _values_and_targets(critic, batch, opts):
+                loss, _ = value_loss(values, returns, mask, denominator=n_action)
+                loss.backward()
+                loss_value += float(loss.detach())
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opts.grad_clip))
+            optim.step()
+            result.steps, result.final_value_loss = step, loss_value
+            metrics: dict[str, Any] = {
+                "value_pretrain/loss": loss_value,
+                "value_pretrain/grad_norm": grad_norm,
+                "value_pretrain/corpus_size": len(trajectories),
+            }
+            if step % opts.eval_every == 0 or step == opts.max_steps:
+                ev = _evaluate(critic, held_out, opts)
+                metrics["value_pretrain/explained_variance"] = ev
+                result.ev_curve.append((step, ev))
+                if ev > best + opts.ev_min_delta:
+                    best, since_best = ev, 0
+                else:
+                    since_best += 1
+                if not result.best_ev >= ev:  # also replaces the initial NaN
+                    result.best_ev = ev
+                bar.update(task, ev=ev)
+            if sink is not None:
+                sink.log(step, metrics)
+            bar.update(task, advance=1, loss=loss_value)
+            if since_best >= opts.ev_patience:
+                result.stop_reason = f"explained variance plateaued ({opts.ev_patience} evaluations)"
+                break
+    return result
+
+
+def run_value_pretrain(
+    policy_dir: str | Path,
+    corpus_path: str | Path,
+    out_dir: str | Path,
+    opts: ValuePretrainOptions = ValuePretrainOptions(),
+    console: Console | None = None,
+) -> ValuePretrainResult:
+    """Build a critic from ``policy_dir``, pretrain it on ``corpus_path`` (JSONL of Trajectory), save it."""
+    from sao.models.critic import load_critic
+
+    console = console or Console(stderr=True)
+    set_seed(opts.seed)
+    corpus = load_jsonl(corpus_path)
+    if len(corpus) > opts.corpus_size:
+        corpus = random.Random(opts.seed).sample(corpus, opts.corpus_size)
+    elif len(corpus) < opts.corpus_size:
+        console.print(
+            f"value pretrain: corpus has {len(corpus)} trajectories (< corpus_size {opts.corpus_size})"
+        )
+    critic = load_critic(policy_dir, freeze=opts.freeze, dtype=opts.dtype, device=opts.device)
+    console.print(f"value pretrain: {len(corpus)} trajectories, up to {opts.max_steps} steps")
+    with atomic_dir(out_dir) as stage, JsonlMetricsSink(stage / "value_pretrain_metrics.jsonl") as sink:
+        result = pretrain_value(critic, corpus, opts, sink, console)
+        critic.save_pretrained(stage)
+        summary = {**asdict(result), "options": asdict(opts)}
+        (stage / "value_pretrain_summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(
+        f"value pretrain: {result.steps} steps, stop: {result.stop_reason}, best EV {result.best_ev:.3f}; "
+        f"saved to {out_dir}"
+    )
+    return result
