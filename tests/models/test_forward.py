@@ -253,3 +253,17 @@ def test_packed_context_rejects_a_pack_that_does_not_match_the_input(tiny_moe_di
     ):
         model(torch.zeros(2, 9, dtype=torch.long), use_cache=False)  # a (2, 9) batch is not one packed row
     model(torch.zeros(1, 9, dtype=torch.long))  # the context is closed again: an ordinary forward
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@torch.no_grad()
+def test_packed_logprobs_on_cuda_match_the_padded_forward_in_bf16_and_fp32(tiny_moe_dir):
+    batch = make_batch().to("cuda")
+    for dtype, atol in (("float32", 1e-4), ("bfloat16", 5e-2)):
+        packed_model = load_policy(
+            tiny_moe_dir, dtype=dtype, device="cuda", attn_implementation=PACKED_ATTENTION
+        ).eval()
+        stock = load_policy(tiny_moe_dir, dtype=dtype, device="cuda", attn_implementation="sdpa").eval()
+        packed, _ = token_logprobs(packed_model, batch)
+        torch.testing.assert_close(packed, padded_logprobs(stock, batch).float(), atol=atol, rtol=0)

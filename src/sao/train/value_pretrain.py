@@ -183,8 +183,13 @@ def run_value_pretrain(
             f"value pretrain: corpus has {len(corpus)} trajectories (< corpus_size {opts.corpus_size})"
         )
     critic = load_critic(policy_dir, freeze=opts.freeze, dtype=opts.dtype, device=opts.device)
-    console.print(f"value pretrain: {len(corpus)} trajectories, up to {opts.max_steps} steps")
+    report = critic.freeze_report
+    console.print(
+        f"value pretrain: {len(corpus)} trajectories, up to {opts.max_steps} steps; critic parameters "
+        f"{report.trainable:,} trainable / {report.frozen:,} frozen (freeze={opts.freeze!r})"
+    )
     with atomic_dir(out_dir) as stage, JsonlMetricsSink(stage / "value_pretrain_metrics.jsonl") as sink:
+        sink.log(0, {"critic/trainable_params": report.trainable, "critic/frozen_params": report.frozen})
         result = pretrain_value(critic, corpus, opts, sink, console)
         critic.save_pretrained(stage)
         summary = {**asdict(result), "options": asdict(opts)}
