@@ -18,19 +18,24 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 install: $(VENV)/.installed
 
 # Until the training loop lands, the main job is what runs end to end today: the presets, the resolved
-# quickstart config, and the advantage estimator on a paper-sized batch against the reference loop.
+# quickstart config, the advantage estimator on a paper-sized batch against the reference loop, and a
+# tiny Qwen3-MoE's SFT warm start on tool-use conversations.
+DEMO_DIR ?= runs/demo
 demo: install
 	$(BIN)/sao presets
 	$(BIN)/sao config configs/quickstart.yaml
 	$(BIN)/python benchmarks/gae.py
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(DEMO_DIR)/base
+	$(BIN)/python examples/make_tool_chats.py --n 200 --out $(DEMO_DIR)/chats.jsonl
+	$(BIN)/sao sft --model $(DEMO_DIR)/base --data $(DEMO_DIR)/chats.jsonl --out $(DEMO_DIR)/sft --steps 60 --lr 2e-3
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
 
 format: install
-	$(BIN)/ruff check --fix src tests benchmarks
-	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks examples
+	$(BIN)/ruff format src tests benchmarks examples
 
 test: lint
 	$(BIN)/python -m pytest -q
