@@ -33,6 +33,8 @@ from typing import Any, Literal, NamedTuple, NoReturn
 import torch
 from torch import Tensor
 
+from sao.jsonl import iter_jsonl
+
 __all__ = ["Batch", "BatchError", "PaddedBatch", "Trajectory", "TrajectoryError", "load_jsonl", "save_jsonl"]
 
 PadSide = Literal["left", "right"]
@@ -277,21 +279,14 @@ def load_jsonl(path: str | os.PathLike[str], validate: bool = True) -> list[Traj
     """
     path = Path(path)
     trajs = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise TrajectoryError(f"{path}:{lineno}: invalid JSON: {e.msg} at column {e.colno}") from e
-            try:
-                traj = Trajectory.from_dict(data)
-                if validate:
-                    traj.validate()
-            except TrajectoryError as e:
-                raise TrajectoryError(f"{path}:{lineno}: {e}", e.field) from e
-            trajs.append(traj)
+    for lineno, data in iter_jsonl(path, TrajectoryError):
+        try:
+            traj = Trajectory.from_dict(data)
+            if validate:
+                traj.validate()
+        except TrajectoryError as e:
+            raise TrajectoryError(f"{path}:{lineno}: {e}", e.field) from e
+        trajs.append(traj)
     return trajs
 
 

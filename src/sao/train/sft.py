@@ -9,7 +9,6 @@ tokenizer to ``out_dir`` atomically, with ``sft_metrics.jsonl`` beside them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from sao.jsonl import iter_jsonl
 from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
 from sao.runtime.metrics import JsonlMetricsSink
 from sao.types import Batch, Trajectory
@@ -50,18 +50,11 @@ class SFTOptions:
 def load_chat_jsonl(path: str | Path) -> list[list[dict[str, Any]]]:
     """Read conversations; a malformed line raises ``ValueError`` naming the file and line."""
     conversations = []
-    with Path(path).open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
-            messages = record.get("messages") if isinstance(record, dict) else None
-            if not isinstance(messages, list) or not messages:
-                raise ValueError(f"{path}:{lineno}: expected an object with a non-empty 'messages' list")
-            conversations.append(messages)
+    for lineno, record in iter_jsonl(path):
+        messages = record.get("messages") if isinstance(record, dict) else None
+        if not isinstance(messages, list) or not messages:
+            raise ValueError(f"{path}:{lineno}: expected an object with a non-empty 'messages' list")
+        conversations.append(messages)
     if not conversations:
         raise ValueError(f"{path}: no conversations")
     return conversations
