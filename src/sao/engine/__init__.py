@@ -4,6 +4,10 @@ Owns generation, continuous batching, in-flight weight updates, the vLLM/SGLang 
 OpenAI-compatible gateway. Knows nothing of rewards or environments.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 from .types import FinishReason, Generation, InferenceEngine, InvalidRequestError, SamplingParams, WeightsLike
 
 __all__ = [
@@ -11,6 +15,16 @@ __all__ = [
     "Generation",
     "InferenceEngine",
     "InvalidRequestError",
+    "LocalEngine",
     "SamplingParams",
     "WeightsLike",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # LocalEngine pulls in transformers; importing it lazily keeps `sao.engine.types` light for the adapters.
+    if name == "LocalEngine":
+        from .local import LocalEngine
+
+        return LocalEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

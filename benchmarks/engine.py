@@ -1,0 +1,215 @@
+"""Benchmark: LocalEngine (continuous batching) vs HF ``model.generate`` with static batches, and the latency
+of an in-flight weight update.
+
+Workload (defaults): the "small" tiny Qwen3-MoE (hidden 128, 3 layers, 8 experts top-2), 64 requests with
+prompts of 16-64 random tokens and long-tailed output lengths (``max_new_tokens`` = lognormal quantiles,
+median 48, longest = 8 x median, shuffled), sampled at temperature 1 with a seed per request and no stop
+token, so every request generates exactly its ``max_new_tokens`` on both paths. Same model weights, same
+prompts, same process, alternating runs:
+
+- engine: all requests submitted at once to `LocalEngine(max_running=R)`;
+- hf-static: ``model.generate`` on batches of R requests in submission order (left-padded prompts), each
+  batch running until its longest member is done (``max_new_tokens`` = the batch's longest; EOS disabled).
+
+Throughput counts useful tokens only: the sum of the requests' own ``max_new_tokens`` / wall seconds (a
+static batch's extra tokens past a request's own length are waste, as in a real rollout). The update
+latency is measured while the engine runs the same workload: the time from calling ``update_weights`` to
+the weights being in effect (the step boundary at which the loop applied them).
+
+    python benchmarks/engine.py                      # the issue's workload (target: engine >= 2x hf-static)
+    python benchmarks/engine.py --max-running 32 --median 96 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import NormalDist
+
+import torch
+
+from sao.engine.local import LocalEngine
+from sao.engine.types import SamplingParams
+from sao.models.loading import load_policy
+from sao.models.tiny import build_tiny_model, tiny_checkpoint
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: list[list[int]]
+    max_new_tokens: list[int]
+    max_running: int
+
+    @property
+    def useful_tokens(self) -> int:
+        return sum(self.max_new_tokens)
+
+
+def long_tailed_lengths(n: int, median: int, tail: float, seed: int) -> list[int]:
+    """``n`` lognormal quantiles with the given median and max/median = ``tail``, shuffled."""
+    z_max = NormalDist().inv_cdf((n - 0.5) / n)
+    sigma = torch.tensor(tail).log().item() / z_max
+    lengths = [
+        max(1, round(median * torch.tensor(sigma * NormalDist().inv_cdf((i + 0.5) / n)).exp().item()))
+        for i in range(n)
+    ]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    return [lengths[i] for i in order]
+
+
+def make_workload(args: argparse.Namespace) -> Workload:
+    gen = torch.Generator().manual_seed(args.seed)
+    prompt_lengths = torch.randint(16, 65, (args.requests,), generator=gen).tolist()
+    prompts = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in prompt_lengths]
+    return Workload(
+        prompts, long_tailed_lengths(args.requests, args.median, args.tail, args.seed), args.max_running
+    )
+
+
+def params_for(i: int, max_new_tokens: int) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=i)
+
+
+async def engine_run(engine: LocalEngine, work: Workload) -> float:
+    """Seconds to serve the whole workload (all requests submitted at once)."""
+    started = time.perf_counter()
+    outs = await asyncio.gather(
+        *(
+            engine.generate(p, params_for(i, n))
+            for i, (p, n) in enumerate(zip(work.prompts, work.max_new_tokens, strict=True))
+        )
+    )
+    seconds = time.perf_counter() - started
+    assert [len(o.token_ids) for o in outs] == work.max_new_tokens
+    return seconds
+
+
+def hf_static_run(model: torch.nn.Module, work: Workload, pad_id: int) -> float:
+    """Seconds for HF ``generate`` over static batches of ``work.max_running`` requests."""
+    started = time.perf_counter()
+    for start in range(0, len(work.prompts), work.max_running):
+        prompts = work.prompts[start : start + work.max_running]
+        longest = max(work.max_new_tokens[start : start + work.max_running])
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=longest,
+            min_new_tokens=longest,  # EOS cannot end a row early: the same forced lengths as the engine
+            pad_token_id=pad_id,
+        )
+        assert out.shape[1] == width + longest
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - started
+
+
+async def update_latencies(engine: LocalEngine, work: Workload, weights: dict, every_s: float) -> list[float]:
+    """Serve the workload while pushing ``weights`` every ``every_s`` seconds; the update latencies."""
+    latencies: list[float] = []
+    serving = asyncio.create_task(engine_run(engine, work))
+    version = engine.version
+    while not serving.done():
+        await asyncio.sleep(every_s)
+        if serving.done() or engine.stats()["running"] == 0:
+            break
+        version += 1
+        started = time.perf_counter()
+        await engine.update_weights(weights, version)
+        latencies.append(time.perf_counter() - started)
+    await serving
+    return latencies
+
+
+# Other engines to compare on the same workload: name -> callable(workload) -> seconds. The vLLM server
+# comparison (``--vllm-url``) plugs in here.
+EXTRA_BASELINES: dict[str, Callable[[Workload], float]] = {}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-running", type=int, default=16)
+    parser.add_argument("--median", type=int, default=48, help="median max_new_tokens")
+    parser.add_argument("--tail", type=float, default=8.0, help="longest / median max_new_tokens")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(args.seed)
+    work = make_workload(args)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_checkpoint(Path(tmp), "qwen3_moe", "small", seed=0)
+        hf_model = load_policy(path, dtype="float32", device=args.device).eval()
+        pad_id = hf_model.config.pad_token_id
+        engine = LocalEngine(path, device=args.device, dtype="float32", max_running=args.max_running)
+        new_weights = build_tiny_model("qwen3_moe", "small", seed=1).state_dict()
+        lengths = work.max_new_tokens
+        print(
+            f"workload: {len(work.prompts)} requests, max_running {args.max_running}, max_new_tokens median "
+            f"{statistics.median(lengths):.0f} / mean {statistics.mean(lengths):.0f} / max {max(lengths)}, "
+            f"{work.useful_tokens} useful tokens, device {args.device}, "
+            f"torch threads {torch.get_num_threads()}"
+        )
+
+        async def engine_seconds() -> float:
+            return await engine_run(engine, work)
+
+        warm = Workload(work.prompts[:4], [4] * 4, args.max_running)
+        asyncio.run(engine_run(engine, warm))
+        hf_static_run(hf_model, warm, pad_id)
+        rows: dict[str, list[float]] = {"engine": [], "hf-static": [], **{k: [] for k in EXTRA_BASELINES}}
+        seconds: dict[str, list[float]] = {"engine": [], "hf-static": []}
+        for _ in range(args.repeats):
+            steps_before = engine.stats()["decode_steps"]
+            seconds["engine"].append(asyncio.run(engine_seconds()))
+            engine_steps = engine.stats()["decode_steps"] - steps_before
+            seconds["hf-static"].append(hf_static_run(hf_model, work, pad_id))
+            for name, baseline in EXTRA_BASELINES.items():
+                rows[name].append(work.useful_tokens / baseline(work))
+        for name, values in seconds.items():
+            rows[name] = [work.useful_tokens / s for s in values]
+        for name, values in rows.items():
+            print(f"{name:>10}: {' / '.join(f'{v:,.0f}' for v in values)} useful tokens/s")
+        ratios = [e / h for e, h in zip(rows["engine"], rows["hf-static"], strict=True)]
+        print(f"engine / hf-static: {' and '.join(f'{r:.2f}x' for r in ratios)} (target >= 2x)")
+        # Where the ratio comes from: fewer forwards (no static-batch tail) and the cost of each forward.
+        r = args.max_running
+        hf_steps = sum(max(lengths[i : i + r]) for i in range(0, len(lengths), r))
+        print(
+            f"forwards per run: engine {engine_steps:.0f}, hf-static {hf_steps}; ms per forward: engine "
+            f"{1000 * min(seconds['engine']) / engine_steps:.1f}, hf-static "
+            f"{1000 * min(seconds['hf-static']) / hf_steps:.1f}"
+        )
+
+        async def with_updates() -> list[float]:
+            return await update_latencies(engine, work, new_weights, every_s=0.05)
+
+        before = engine.stats()
+        latencies = asyncio.run(with_updates())
+        after = engine.stats()
+        idle = (after["idle_s"] - before["idle_s"]) / (after["uptime_s"] - before["uptime_s"])
+        asyncio.run(engine.close())
+        ms = sorted(1000 * s for s in latencies)
+        print(
+            f"in-flight weight update latency over {len(ms)} updates while serving: median "
+            f"{statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms (call -> weights in effect); "
+            f"engine idle fraction during that run {idle:.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

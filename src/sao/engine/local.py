@@ -1,0 +1,411 @@
+"""`LocalEngine`: an in-process inference engine for HF causal LMs (CPU or one GPU) with continuous batching.
+
+Threads. The engine owns one loop thread (started by `LocalEngine.start` or the first call, stopped by
+`LocalEngine.close`); the model runs only there, so the callers' event loops stay responsive. Callers talk
+to it through a lock-guarded inbox; each request carries an asyncio future of the caller's own event loop,
+resolved with ``call_soon_threadsafe`` (any event loop, in any thread, may call `generate`).
+
+Steps. Each iteration of the loop, at a step boundary: take new requests and weight updates from the inbox,
+apply the updates (the new version takes effect for the next forward), drop cancelled requests, admit
+waiting requests (`local_scheduler`: FIFO, at most ``max_running`` sequences and ``max_kv_tokens`` reserved
+KV tokens), then run **one** forward for the step: the admitted requests' prompts (prefill, packed, each
+with per-sequence causal attention) followed by one decode token per running sequence, over per-sequence
+KV in slot buffers (`kv_cache` explains the layout and why batched rows equal one-sequence forwards). The
+LM head runs on the decode rows only; each row is sampled with its request's parameters and generator
+(`sampling`), and finished requests leave the batch and get their `Generation`.
+
+Log-probs: the recorded log-prob is that of the distribution actually sampled from (temperature, top-k,
+top-p, renormalised); at temperature 1 without filters it is the trainer's teacher-forced log-prob with the
+same weights (DESIGN invariant 3; tested against `sao.models.forward.token_logprobs`).
+
+Weight updates (`update_weights`) are applied between steps and never abort in-flight requests; each token
+records the version of the weights whose forward produced its distribution (invariant 4). By default the
+KV already cached for in-flight sequences is kept (computed by the older weights): the update costs only
+the copy of the weights, and a request's tokens after the update come from the new weights reading a prefix
+encoded by the old ones. With ``recompute_kv_on_update=True`` every in-flight sequence is re-prefilled with
+the new weights in the next step: its later tokens are exactly what the new policy produces from that
+prefix, at the cost of one prefill of every in-flight sequence (prompt + generated so far) per update.
+
+Stop tokens are not implied: generation ends on ``params.stop_token_ids`` (pass the EOS id there), a stop
+string, ``max_new_tokens`` or the context limit ``min(max_model_len, max_kv_tokens)`` on prompt +
+generated tokens (``finish_reason="length"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from sao.engine.kv_cache import ENGINE_ATTENTION, SlotKVCache
+from sao.engine.local_request import Request, StopChecker, check_request
+from sao.engine.local_scheduler import Scheduler
+from sao.engine.local_step import StepRunner
+from sao.engine.local_weights import apply_state_dict, prepare_state_dict
+from sao.engine.types import FinishReason, Generation, SamplingParams, WeightsLike
+from sao.models.loading import load_policy, load_tokenizer, resolve_device, resolve_dtype
+
+__all__ = ["LocalEngine"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Update:
+    state: dict[str, Tensor]
+    version: int
+    deliver: Callable[[BaseException | None], None]
+
+
+def _threadsafe_setter(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[Any], None]:
+    """A callable any thread may call once to resolve ``future`` (an exception instance is raised there)."""
+
+    def settle(result: Any) -> None:
+        if future.done():
+            return
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+    def deliver(result: Any) -> None:
+        # RuntimeError: the caller's event loop is closed, nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result)
+
+    return deliver
+
+
+class LocalEngine:
+    """In-process `InferenceEngine` for an HF causal LM (see the module docstring).
+
+    ``model_path_or_model``: a checkpoint directory (loaded with `load_policy`; its tokenizer too unless
+    ``tokenizer`` is given) or a loaded model, which the engine then uses in place (its attention is
+    switched to ``sao_engine``, which behaves as ``sao_varlen`` outside engine steps, and restored by
+    `close`). ``tokenizer`` (object or directory) is needed only for stop strings. ``device``/``dtype``:
+    ``"auto"`` as in `load_policy` (for a model object: keep its own). ``max_running``: concurrent
+    sequences; ``max_kv_tokens``: KV tokens reserved by running sequences (also caps the context);
+    ``max_model_len``: context limit (default the model's ``max_position_embeddings``); ``seed``: seeds the
+    generator of each request that gives no seed of its own (with the request's arrival index).
+    """
+
+    def __init__(
+        self,
+        model_path_or_model: str | Path | PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase | str | Path | None = None,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        max_running: int = 32,
+        max_kv_tokens: int = 65536,
+        max_model_len: int | None = None,
+        recompute_kv_on_update: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if isinstance(model_path_or_model, (str, Path)):
+            model = load_policy(model_path_or_model, dtype=dtype, device=device)
+            if tokenizer is None and Path(model_path_or_model, "tokenizer_config.json").is_file():
+                tokenizer = model_path_or_model
+        else:
+            model = model_path_or_model
+            if device != "auto":
+                model.to(resolve_device(device))
+            if dtype != "auto":
+                model.to(resolve_dtype(dtype, next(model.parameters()).device))
+        self.model = model.eval()
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
+        self.device = next(model.parameters()).device
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
+        if model_len is None or model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 (or known from the model config), got {model_len}")
+        self.context_limit = min(model_len, max_kv_tokens)
+        self.recompute_kv_on_update = recompute_kv_on_update
+        self.seed = seed
+        self._scheduler = Scheduler(max_running, max_kv_tokens)
+        self._cache = SlotKVCache(max_running, self.context_limit)
+        self._run_step = StepRunner(model, self._cache, self.device)
+        # Last, once every argument is checked: the only change made to a borrowed model (undone by close).
+        self._original_attention = model.config._attn_implementation
+        model.set_attn_implementation(ENGINE_ATTENTION)
+        if model.config._attn_implementation != ENGINE_ATTENTION:
+            raise ValueError(f"{type(model).__name__} does not accept a custom attention implementation")
+        self._stop = StopChecker(self.context_limit, self._decode if self.tokenizer is not None else None)
+        self._ids = itertools.count()
+        self._cond = threading.Condition()
+        self._inbox: list[Request] = []
+        self._updates: list[_Update] = []
+        self._cancel_pending = False
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._closed_reason: tuple[FinishReason, str | None] | None = None
+        self._version = 0
+        self._latest_requested_version = 0
+        self._counters = dict.fromkeys(
+            ("finished", "aborted", "errors", "tokens_generated", "prefill_tokens", "decode_steps"), 0
+        )
+        self._started_at: float | None = None
+        self._idle_s = 0.0
+        self._idle_since: float | None = None
+        self._last_update_latency_s = float("nan")
+
+    # ----------------------------------------------------------------------------------------- public API
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights that decode steps use now."""
+        return self._version
+
+    def start(self) -> None:
+        """Start the engine loop thread (idempotent; `generate` and `update_weights` start it too)."""
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("LocalEngine is closed")
+            if self._thread is None:
+                self._started_at = time.perf_counter()
+                self._thread = threading.Thread(target=self._run, name="sao-local-engine", daemon=True)
+                self._thread.start()
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Generate one completion of ``prompt_token_ids``; raises `InvalidRequestError` for a request the
+        engine cannot serve (the engine keeps serving the others)."""
+        prompt = check_request(
+            prompt_token_ids, params, self.vocab_size, self.context_limit, self.tokenizer is not None
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Generation] = loop.create_future()
+        request_id = next(self._ids)
+        seed = (params.seed if params.seed is not None else self.seed * 1_000_003 + request_id) % 2**64
+        request = Request(
+            request_id=request_id,
+            prompt=prompt,
+            params=params,
+            kv_reserve=min(len(prompt) + params.max_new_tokens, self.context_limit),
+            generator=torch.Generator().manual_seed(seed),
+            deliver=_threadsafe_setter(loop, future),
+        )
+        self._submit(request)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._cond:
+                request.cancelled = True
+                self._cancel_pending = True
+                self._cond.notify_all()
+            raise
+
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Load ``weights`` (state dict in the trainer's or the checkpoint's naming, or a checkpoint
+        directory) as ``version``; returns once the next engine step uses them. Versions must not
+        decrease. The tensors are read when the update takes effect: do not modify them before this
+        returns. Raises ValueError (unknown name, wrong shape, decreasing version) before anything changes."""
+        started = time.perf_counter()
+        if isinstance(weights, (str, Path)):
+            state = await asyncio.to_thread(prepare_state_dict, self.model, weights)
+        else:
+            state = prepare_state_dict(self.model, weights)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self.start()
+        with self._cond:
+            if version < self._latest_requested_version:
+                raise ValueError(f"version {version} is older than {self._latest_requested_version}")
+            if self._closing:
+                raise RuntimeError("LocalEngine is closed")
+            self._latest_requested_version = version
+            self._updates.append(_Update(state, version, _threadsafe_setter(loop, future)))
+            self._cond.notify_all()
+        await future
+        self._last_update_latency_s = time.perf_counter() - started
+
+    def stats(self) -> dict[str, float]:
+        """``running``, ``waiting``, ``finished`` (all delivered results), ``aborted``, ``errors``,
+        ``tokens_generated``, ``prefill_tokens``, ``decode_steps``, ``idle_fraction`` (loop time with nothing
+        to run / time since start; ``idle_s`` and ``uptime_s`` are the two terms), ``version``,
+        ``last_update_latency_s`` (NaN before the first update), ``kv_tokens_reserved``, ``kv_capacity``
+        (positions per slot currently allocated)."""
+        with self._cond:
+            now = time.perf_counter()
+            wall = 0.0 if self._started_at is None else now - self._started_at
+            idle = self._idle_s + (0.0 if self._idle_since is None else now - self._idle_since)
+            out = {name: float(value) for name, value in self._counters.items()}
+            out.update(
+                running=float(len(self._scheduler.running)),
+                waiting=float(len(self._inbox) + len(self._scheduler.waiting)),
+                idle_fraction=idle / wall if wall > 0 else 0.0,
+                idle_s=idle,
+                uptime_s=wall,
+                version=float(self._version),
+                last_update_latency_s=self._last_update_latency_s,
+                kv_tokens_reserved=float(self._scheduler.reserved),
+                kv_capacity=float(self._cache.capacity),
+            )
+            return out
+
+    async def close(self) -> None:
+        """Stop the loop; pending and running requests finish with ``finish_reason="abort"`` (with what they
+        generated so far). Later requests are aborted at once. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
+        self._shutdown("abort", None)
+        if self.model.config._attn_implementation == ENGINE_ATTENTION:
+            self.model.set_attn_implementation(self._original_attention)
+
+    async def __aenter__(self) -> LocalEngine:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ---------------------------------------------------------------------------------------- submission
+
+    def _submit(self, request: Request) -> None:
+        with self._cond:
+            closed = self._closing or self._closed_reason is not None
+            if not closed:
+                self._inbox.append(request)
+                self._cond.notify_all()
+        if closed:
+            reason, error = self._closed_reason or ("abort", None)
+            self._deliver(request, request.result(reason, error))
+            return
+        # RuntimeError: closed between the two locks; close() aborts whatever is in the inbox.
+        with contextlib.suppress(RuntimeError):
+            self.start()
+
+    def _decode(self, token_ids: list[int]) -> str:
+        assert self.tokenizer is not None
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    # ---------------------------------------------------------------------------------------- engine loop
+
+    def _has_work(self) -> bool:
+        sched = self._scheduler
+        return bool(self._inbox or self._updates or sched.running or sched.waiting)
+
+    def _run(self) -> None:
+        failure: str | None = None
+        try:
+            with torch.no_grad():
+                while self._loop_once():
+                    pass
+        except BaseException as err:  # a bug in the loop itself: fail everyone rather than hang them
+            failure = f"engine loop crashed: {err!r}"
+            _log.exception("LocalEngine loop crashed; every pending and later request fails")
+        finally:
+            self._shutdown("error" if failure else "abort", failure)
+
+    def _loop_once(self) -> bool:
+        with self._cond:
+            if not self._has_work() and not self._closing:
+                self._cache.clear()
+                self._idle_since = time.perf_counter()
+                while not self._has_work() and not self._closing:
+                    self._cond.wait()
+                self._idle_s += time.perf_counter() - self._idle_since
+                self._idle_since = None
+            if self._closing:
+                return False
+            inbox, self._inbox = self._inbox, []
+            updates, self._updates = self._updates, []
+            cancels, self._cancel_pending = self._cancel_pending, False
+        for request in inbox:
+            self._scheduler.add(request)
+        self._apply_updates(updates)
+        if cancels:
+            self._drop_cancelled()
+        self._step()
+        return True
+
+    def _apply_updates(self, updates: list[_Update]) -> None:
+        for update in updates:
+            try:
+                apply_state_dict(self.model, update.state)
+            except Exception as err:
+                update.deliver(err)
+                continue
+            self._version = update.version
+            if self.recompute_kv_on_update:
+                for request in self._scheduler.running:
+                    request.cached = 0
+            update.deliver(None)
+
+    def _drop_cancelled(self) -> None:
+        sched = self._scheduler
+        for request in [r for r in (*sched.running, *sched.waiting) if r.cancelled]:
+            self._finish(request, "abort", cancelled=True)
+
+    def _step(self) -> None:
+        self._scheduler.admit()
+        running = list(self._scheduler.running)
+        if not running:
+            return
+        try:
+            tokens, logprobs, prefill_tokens = self._run_step(running)
+        except Exception as err:
+            self._cache.clear()
+            for request in running:
+                self._finish(request, "error", error=f"engine step failed: {err!r}")
+            return
+        self._counters["prefill_tokens"] += prefill_tokens
+        self._counters["decode_steps"] += 1
+        self._counters["tokens_generated"] += len(running)
+        for request, token, logprob in zip(running, tokens, logprobs, strict=True):
+            request.append(token, logprob, self._version)
+        for request in running:  # only now: a removal moves another request's cache rows, all now current
+            try:
+                verdict = self._stop(request)
+            except Exception as err:
+                self._finish(request, "error", error=f"stop check failed: {err!r}")
+                continue
+            if verdict is not None:
+                self._finish(request, verdict[0], **verdict[1])
+
+    # ------------------------------------------------------------------------------------------ finishing
+
+    def _finish(self, request: Request, reason: FinishReason, error: str | None = None, **meta: Any) -> None:
+        move = self._scheduler.remove(request)
+        if move is not None:
+            self._cache.move(*move)
+        self._deliver(request, request.result(reason, error, **meta))
+
+    def _deliver(self, request: Request, generation: Generation) -> None:
+        with self._cond:
+            if request.done:
+                return
+            request.done = True
+            self._counters["finished"] += 1
+            if generation.finish_reason == "abort":
+                self._counters["aborted"] += 1
+            elif generation.finish_reason == "error":
+                self._counters["errors"] += 1
+        request.deliver(generation)
+
+    def _shutdown(self, reason: FinishReason, error: str | None) -> None:
+        """Finish every request still held with ``reason`` and fail pending updates (idempotent)."""
+        with self._cond:
+            if self._closed_reason is None:
+                self._closed_reason = (reason, error)
+            inbox, self._inbox = self._inbox, []
+            updates, self._updates = self._updates, []
+        for request in [*self._scheduler.drain(), *inbox]:
+            self._deliver(request, request.result(reason, error))
+        for update in updates:
+            update.deliver(RuntimeError(error or "LocalEngine closed before the update took effect"))
+        self._cache.clear()
