@@ -6,6 +6,7 @@ Module import stays light (no torch/transformers): commands import heavy modules
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -217,6 +218,41 @@ def pretrain_value_command(
         run_value_pretrain(model, corpus, out, opts)
     except (OSError, ValueError) as err:
         raise _fail(f"error: {err}", code=1) from None
+
+
+@app.command("serve")
+def serve_command(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory to serve.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    out: Annotated[
+        str | None, typer.Option("--out", help="Append finished sessions (trajectories) to this JSONL file.")
+    ] = None,
+    max_running: Annotated[int, typer.Option(help="Sequences decoded at once.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="Default max_tokens of a request.")] = 1024,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+) -> None:
+    """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
+    session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
+    closed by POST /v1/sessions/{id}/reward."""
+    import uvicorn
+
+    from sao.engine.gateway import create_app
+    from sao.engine.local import LocalEngine
+    from sao.models.loading import load_tokenizer
+
+    _quiet_transformers()
+    try:
+        tokenizer = load_tokenizer(model)
+        engine = LocalEngine(model, device=device, dtype=dtype, max_running=max_running)
+    except (OSError, ValueError) as err:
+        raise _fail(f"error: {err}", code=1) from None
+    app_ = create_app(
+        engine, tokenizer, model_name=Path(model).name, default_max_tokens=max_tokens, output_path=out
+    )
+    typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 if __name__ == "__main__":

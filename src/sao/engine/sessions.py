@@ -1,0 +1,123 @@
+"""Token-in/token-out recording of chat sessions for the gateway.
+
+A session is one agent episode served through the OpenAI-compatible API. Its token ids are never
+re-rendered: the first request's prompt is rendered with the chat template; every later request must
+*extend* what was recorded (the previous prompt, the assistant tokens exactly as generated), and only the
+chat-template delta of the new messages is tokenised and appended as observation tokens. A request whose
+rendering does not start with the recorded text (the client edited history, or the template rewrites it)
+starts a new *branch*, recorded separately and flagged in its metadata.
+
+Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sao.types import Trajectory
+
+__all__ = ["Branch", "ChatSession"]
+
+
+@dataclass
+class Branch:
+    """One token sequence of a session: prompt, then alternating generated and observation tokens."""
+
+    text: str = ""  # the text the recorded tokens stand for (rendered prompt + generated text + deltas)
+    token_ids: list[int] = field(default_factory=list)
+    action_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    turns: int = 0
+    finish_reason: str = "stop"
+    prefix_mismatch: bool = False
+
+    def append(self, ids: Sequence[int], text: str, action: bool, logprobs=None, versions=None) -> None:
+        n = len(ids)
+        turn = self.turns - 1
+        self.token_ids.extend(ids)
+        self.action_mask.extend([int(action)] * n)
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
+        self.versions.extend(versions if versions is not None else [-1] * n)
+        self.turn_ids.extend([turn] * n)
+        self.text += text
+
+
+class ChatSession:
+    """The recorded branches of one session, extended request by request.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer with a chat template.
+        session_id: the client's session key.
+    """
+
+    def __init__(self, tokenizer: Any, session_id: str) -> None:
+        self.tokenizer = tokenizer
+        self.session_id = session_id
+        self.branches: list[Branch] = []
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def prompt_for(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
+    ) -> list[int]:
+        """Token ids to generate from for this request; records the observation delta.
+
+        Extends the current branch when the rendered conversation starts with its recorded text, else
+        opens a new branch (flagged ``prefix_mismatch`` when the session already had one).
+        """
+        rendered = self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
+        )
+        current = self.branches[-1] if self.branches else None
+        if current is None or not rendered.startswith(current.text):
+            current = Branch(prefix_mismatch=bool(self.branches))
+            self.branches.append(current)
+        delta = rendered[len(current.text) :]
+        current.append(self._encode(delta), delta, action=False)
+        return list(current.token_ids)
+
+    def record_generation(
+        self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int], finish_reason: str
+    ) -> str:
+        """Append the generated tokens (action tokens, a new turn) and return their decoded text."""
+        branch = self.branches[-1]
+        text = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
+        branch.turns += 1
+        branch.append(token_ids, text, action=True, logprobs=list(logprobs), versions=list(versions))
+        branch.finish_reason = finish_reason
+        return text
+
+    def trajectories(
+        self, rewards: Sequence[float], metadata: Mapping[str, Any] | None = None
+    ) -> list[Trajectory]:
+        """One `Trajectory` per branch that has generated tokens, each with ``rewards`` attached."""
+        out = []
+        for index, branch in enumerate(self.branches):
+            if not any(branch.action_mask):
+                continue
+            meta = {
+                "env": "gateway",
+                "session_id": self.session_id,
+                "branch": index,
+                "prefix_mismatch": branch.prefix_mismatch,
+                **(metadata or {}),
+            }
+            out.append(
+                Trajectory(
+                    prompt_id=self.session_id,
+                    token_ids=list(branch.token_ids),
+                    action_mask=list(branch.action_mask),
+                    rollout_logprobs=list(branch.logprobs),
+                    versions=list(branch.versions),
+                    turn_ids=list(branch.turn_ids),
+                    rewards=list(rewards),
+                    finish_reason=branch.finish_reason,
+                    metadata=meta,
+                )
+            )
+        return out
