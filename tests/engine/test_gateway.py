@@ -154,3 +154,34 @@ def test_session_prefix_logic_without_a_server(tiny_tokenizer):
     assert ids2 == tiny_tokenizer(full, add_special_tokens=False)["input_ids"]
     [traj] = session.trajectories([1.0])
     assert traj.versions.count(3) == len(gen)
+
+
+def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
+    import subprocess
+    import sys
+
+    import httpx
+
+    port = _free_port()
+    out = tmp_path / "sessions.jsonl"
+    cmd = [sys.executable, "-m", "sao.cli", "serve", "--model", str(tiny_moe_dir), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--out", str(out), "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/models").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.time() < deadline, "sao serve did not come up"
+            time.sleep(0.3)
+        body = {"messages": [{"role": "user", "content": "1+1"}], "max_tokens": 4, "session_id": "cli"}
+        assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        assert httpx.post(f"{url}/v1/sessions/cli/reward", json={"reward": 1.0}).status_code == 200
+        assert '"prompt_id": "cli"' in out.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
