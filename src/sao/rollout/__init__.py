@@ -1,0 +1,1 @@
+"""Rollout: the agent loop (turns, tool calls, limits, token-in/token-out bookkeeping) and the producer."""
