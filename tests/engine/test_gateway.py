@@ -185,3 +185,14 @@ def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_requests_without_a_session_are_not_recorded(gateway, client):
+    import httpx
+
+    before = httpx.get(f"{gateway['url']}/v1/sessions").json()["open"]
+    out = client.chat.completions.create(
+        model="sao", messages=[{"role": "user", "content": "x"}], max_tokens=2
+    )
+    assert out.model_extra["session_id"] is None
+    assert httpx.get(f"{gateway['url']}/v1/sessions").json()["open"] == before

@@ -198,10 +198,16 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, x_session_id: str | None = Header(None)) -> dict[str, Any]:
         params = _params(req, req.max_completion_tokens or req.max_tokens, default_max_tokens, eos)
-        sid = x_session_id or req.session_id or f"anon-{uuid.uuid4().hex}"
+        named = x_session_id or req.session_id
+        sid = named or f"anon-{uuid.uuid4().hex}"  # unnamed requests (e.g. a judge) are not recorded
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        async with locks.setdefault(sid, asyncio.Lock()):
-            session = sessions.setdefault(sid, ChatSession(tokenizer, sid))
+        lock = locks.setdefault(sid, asyncio.Lock()) if named else asyncio.Lock()
+        async with lock:
+            session = (
+                sessions.setdefault(sid, ChatSession(tokenizer, sid))
+                if named
+                else ChatSession(tokenizer, sid)
+            )
             try:
                 prompt_ids = session.prompt_for(messages, req.tools)
             except Exception as err:  # the template rejected the conversation: the client's input
@@ -222,7 +228,7 @@ def create_app(
             "object": "chat.completion",
             "created": int(time.time()),
             "model": req.model or model_name,
-            "session_id": sid,
+            "session_id": named,  # None: not recorded
             "choices": [
                 {
                     "index": 0,
