@@ -15,7 +15,16 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed
+install: sandbox-deps $(VENV)/.installed
+
+# bubblewrap gives model-written code its strongest sandbox (sao.envs.sandbox); without it a weaker mode runs.
+.PHONY: sandbox-deps
+sandbox-deps:
+	@if command -v bwrap >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap)) \
+			>/dev/null 2>&1 || echo "note: could not install bubblewrap; sandboxed code gets a weaker mode"; \
+	else echo "note: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) for the strongest sandbox"; fi
 
 # Until the training loop lands, the main job is what runs end to end today: the presets, the resolved
 # quickstart config, the advantage estimator on a paper-sized batch against the reference loop, and a
