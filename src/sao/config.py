@@ -134,6 +134,10 @@ class DataConfig(_Section):
         None, description="Training prompts (JSONL); null = the env's built-in set."
     )
     eval_file: str | None = Field(None, description="Evaluation prompts (JSONL); null = none.")
+    id_field: str = Field("id", description="Task file column with the task id (missing: '<file>-<row>').")
+    prompt_field: str = Field("prompt", description="Task file column with the prompt (text or messages).")
+    answer_field: str = Field("answer", description="Task file column with the reference answer.")
+    tests_field: str = Field("tests", description="Task file column with the hidden tests.")
     max_turns: int = Field(50, ge=1, description="Model turns per episode (paper: math 50, coding 300).")
     max_total_tokens: int = Field(
         16384, ge=1, description="Context budget of a trajectory: prompt + all turns."

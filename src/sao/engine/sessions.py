@@ -5,7 +5,9 @@ re-rendered: the first request's prompt is rendered with the chat template; ever
 *extend* what was recorded (the previous prompt, the assistant tokens exactly as generated), and only the
 chat-template delta of the new messages is tokenised and appended as observation tokens. A request whose
 rendering does not start with the recorded text (the client edited history, or the template rewrites it)
-starts a new *branch*, recorded separately and flagged in its metadata.
+starts a new *branch*, recorded separately and flagged in its metadata. A ``strict`` session (the agent
+loop's) raises `PrefixMismatchError` instead: there the template is under our control, and a rewrite is a
+configuration error.
 
 Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
 """
@@ -18,7 +20,26 @@ from typing import Any
 
 from sao.types import Trajectory
 
-__all__ = ["Branch", "ChatSession"]
+__all__ = ["Branch", "ChatSession", "PrefixMismatchError"]
+
+
+class PrefixMismatchError(ValueError):
+    """A strict session's rendering does not start with the recorded text.
+
+    ``offset`` is the first character where ``rendered`` differs from ``recorded`` (the branch's text).
+    """
+
+    def __init__(self, message: str, *, offset: int, recorded: str, rendered: str) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.recorded = recorded
+        self.rendered = rendered
+
+
+def _first_difference(a: str, b: str) -> int:
+    """Index of the first character where ``a`` and ``b`` differ (``min(len)`` when one is a prefix)."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 @dataclass
@@ -52,11 +73,14 @@ class ChatSession:
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         session_id: the client's session key.
+        strict: raise `PrefixMismatchError` where the rendering does not extend the recorded text, instead
+            of opening a new branch (a strict session has at most one branch).
     """
 
-    def __init__(self, tokenizer: Any, session_id: str) -> None:
+    def __init__(self, tokenizer: Any, session_id: str, *, strict: bool = False) -> None:
         self.tokenizer = tokenizer
         self.session_id = session_id
+        self.strict = strict
         self.branches: list[Branch] = []
 
     def _encode(self, text: str) -> list[int]:
@@ -70,16 +94,59 @@ class ChatSession:
         Extends the current branch when the rendered conversation starts with its recorded text, else
         opens a new branch (flagged ``prefix_mismatch`` when the session already had one).
         """
-        rendered = self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
-        )
+        rendered = self.render(messages, tools)
         current = self.branches[-1] if self.branches else None
+        if current is not None and self.strict:
+            self.check_extends(rendered)
         if current is None or not rendered.startswith(current.text):
             current = Branch(prefix_mismatch=bool(self.branches))
             self.branches.append(current)
         delta = rendered[len(current.text) :]
         current.append(self._encode(delta), delta, action=False)
         return list(current.token_ids)
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> str:
+        """The chat template's rendering of ``messages`` as text (nothing is recorded)."""
+        return self.tokenizer.apply_chat_template(
+            list(messages),
+            tools=list(tools) if tools else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
+
+    @property
+    def text(self) -> str:
+        """The text the current branch's tokens stand for ("" before the first request)."""
+        return self.branches[-1].text if self.branches else ""
+
+    def check_extends(self, rendered: str) -> None:
+        """Raise `PrefixMismatchError` unless ``rendered`` starts with the current branch's text."""
+        recorded = self.text
+        if rendered.startswith(recorded):
+            return
+        at = _first_difference(recorded, rendered)
+        raise PrefixMismatchError(
+            f"the rendering differs from the recorded text at character {at}: "
+            f"recorded ...{recorded[max(0, at - 40) : at + 40]!r}, "
+            f"rendered ...{rendered[max(0, at - 40) : at + 40]!r}",
+            offset=at,
+            recorded=recorded,
+            rendered=rendered,
+        )
+
+    def append_observation(self, text: str) -> list[int]:
+        """Tokenise ``text`` and append it to the current branch as observation tokens (no rendering, no
+        check: for callers that computed the template delta themselves); returns the branch's token ids."""
+        if not self.branches:
+            self.branches.append(Branch())
+        self.branches[-1].append(self._encode(text), text, action=False)
+        return list(self.branches[-1].token_ids)
 
     def record_generation(
         self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int], finish_reason: str

@@ -63,7 +63,12 @@ class StepResult:
 
 @runtime_checkable
 class Env(Protocol):
-    """One episode at a time. ``max_turns`` bounds the episode (the agent loop enforces it)."""
+    """One episode at a time. ``max_turns`` bounds the episode (the agent loop enforces it).
+
+    Optional attributes the agent loop reads when present: ``name`` (recorded in the trajectory's
+    metadata; default the class name) and ``tools`` (OpenAI-style function schemas passed to the chat
+    template, which lists them in the system turn).
+    """
 
     max_turns: int
 
