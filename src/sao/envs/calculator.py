@@ -1,0 +1,231 @@
+"""``calculator``: two-operand arithmetic that must be solved with a calculator tool.
+
+The user asks ``"What is 37 * 12?"`` (operands 0..99, operator ``+``, ``-`` or ``*``). The exact formats,
+kept short because a byte-level tokenizer makes every byte a token:
+
+- tool call:    ``<tool_call>{"name": "calc", "arguments": {"expr": "37*12"}}</tool_call>`` (any JSON
+  whitespace is accepted); the env answers with a ``tool`` message holding the result, ``444``;
+- final answer: ``answer: 444`` — a turn without a tool call is the final answer, and its **last integer**
+  is the answer (so ``37*12=444`` is read as 444 too).
+
+Reward (outcome, on the last turn): 1 when the final answer equals the true value **and** an earlier calc
+call in the episode returned that value (the answer was read off the tool), else 0 — a correct answer
+given without the tool scores 0. ``max_turns`` = 3 (call, answer, one retry). A malformed call, an unknown
+tool or a bad expression gets a ``tool`` message starting with ``error:``, and the episode continues
+while turns remain; an answer turn without any integer gets a ``user`` message ``error: reply answer:
+<number>``. The tool parses its tiny grammar itself (integers, ``+ - *``, parentheses; never ``eval``).
+Optimal score: 1.0 (`optimal_policy`: call the tool, then copy its result).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any
+
+from .base import Message, StepResult, Task, register_env
+from .tools import parse_tool_calls, tool_message
+
+__all__ = [
+    "OPTIMAL_SCORE",
+    "SYSTEM_PROMPT",
+    "CalcError",
+    "CalculatorEnv",
+    "answer_text",
+    "evaluate",
+    "make_tasks",
+    "optimal_policy",
+    "tool_call_text",
+]
+
+OPTIMAL_SCORE = 1.0
+TOOL_NAME = "calc"
+SYSTEM_PROMPT = (
+    'Use the calc tool: <tool_call>{"name": "calc", "arguments": {"expr": "2*3"}}</tool_call>, '
+    "then reply answer: <number>."
+)  # optional (``system_prompt=SYSTEM_PROMPT``) for models that were not warm-started on the format
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_INT = re.compile(r"-?\d+")
+_MAX_EXPR_CHARS = 64
+_MAX_DIGITS = 12
+_MAX_CALLS_PER_TURN = 4  # later calls of a turn are ignored
+
+
+def tool_call_text(expr: str) -> str:
+    """The canonical tool-call turn for ``expr``."""
+    return "<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": {"expr": expr}}) + "</tool_call>"
+
+
+def answer_text(value: int) -> str:
+    """The canonical final-answer turn."""
+    return f"answer: {value}"
+
+
+class CalcError(ValueError):
+    """An expression outside the calculator's grammar."""
+
+
+def evaluate(expr: str) -> int:
+    """Evaluate ``expr`` (integers, ``+ - *``, unary minus, parentheses; ``*`` binds tighter).
+
+    Raises `CalcError` on anything else, on more than 64 characters or on integers over 12 digits.
+    """
+    if not isinstance(expr, str):
+        raise CalcError("expr must be a string")
+    if len(expr) > _MAX_EXPR_CHARS:
+        raise CalcError(f"expr longer than {_MAX_EXPR_CHARS} characters")
+    tokens = re.findall(r"\d+|[-+*()]|\S", expr)
+    if not tokens:
+        raise CalcError("empty expr")
+    pos = 0
+
+    def peek() -> str | None:
+        return tokens[pos] if pos < len(tokens) else None
+
+    def take() -> str:
+        nonlocal pos
+        pos += 1
+        return tokens[pos - 1]
+
+    def sum_() -> int:
+        value = product()
+        while peek() in ("+", "-"):
+            op = take()
+            value = _OPS[op](value, product())
+        return value
+
+    def product() -> int:
+        value = factor()
+        while peek() == "*":
+            take()
+            value *= factor()
+        return value
+
+    def factor() -> int:
+        tok = peek()
+        if tok is None:
+            raise CalcError("expr ends early")
+        take()
+        if tok == "-":
+            return -factor()
+        if tok == "(":
+            value = sum_()
+            if peek() != ")":
+                raise CalcError("missing )")
+            take()
+            return value
+        if tok.isdigit():
+            if len(tok) > _MAX_DIGITS:
+                raise CalcError("number too long")
+            return int(tok)
+        raise CalcError(f"unexpected {tok!r}")
+
+    value = sum_()
+    if pos != len(tokens):
+        raise CalcError(f"unexpected {tokens[pos]!r}")
+    return value
+
+
+def make_tasks(n: int, seed: int = 0) -> list[Task]:
+    """``n`` deterministic tasks (ids ``calculator-<seed>-<i>``); a longer list extends a shorter one."""
+    rng = random.Random(f"calculator-{seed}")
+    tasks = []
+    for i in range(n):
+        a, b, op = rng.randint(0, 99), rng.randint(0, 99), rng.choice("+-*")
+        tasks.append(
+            Task(
+                id=f"calculator-{seed}-{i}",
+                prompt=f"What is {a} {op} {b}?",
+                answer=_OPS[op](a, b),
+                metadata={"a": a, "op": op, "b": b},
+            )
+        )
+    return tasks
+
+
+def optimal_policy(task: Task, messages: list[Message]) -> str:
+    """The next assistant turn of the optimal policy: call the tool, then answer with its last result."""
+    results = [m["content"] for m in messages if m.get("role") == "tool" and _INT.fullmatch(m["content"])]
+    if results:
+        return answer_text(int(results[-1]))
+    meta = task.metadata
+    return tool_call_text(f"{meta['a']}{meta['op']}{meta['b']}")
+
+
+@register_env("calculator")
+class CalculatorEnv:
+    """See the module docstring. One episode at a time."""
+
+    def __init__(self, max_turns: int = 3, system_prompt: str | None = None) -> None:
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+        self.system_prompt = system_prompt
+        self._task: Task | None = None
+        self._turns = 0
+        self._done = True
+        self._tool_results: list[int] = []
+
+    async def reset(self, task: Task) -> list[Message]:
+        self._task, self._turns, self._done, self._tool_results = task, 0, False, []
+        if isinstance(task.prompt, list):
+            return [dict(m) for m in task.prompt]
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": task.prompt})
+        return messages
+
+    async def step(self, assistant_text: str) -> StepResult:
+        if self._done or self._task is None:
+            return StepResult([], 0.0, True, {"error": "step() called outside an episode"})
+        self._turns += 1
+        last_turn = self._turns >= self.max_turns
+        info: dict[str, Any] = {"turn": self._turns}
+        if "<tool_call>" in assistant_text:
+            observation = self._run_tools(assistant_text, info)
+            return self._continue_or_stop(observation, last_turn, info)
+        found = _INT.findall(assistant_text)
+        if not found:
+            info["error"] = "no integer in the answer"
+            observation = [{"role": "user", "content": "error: reply answer: <number>"}]
+            return self._continue_or_stop(observation, last_turn, info)
+        answer = int(found[-1])
+        correct = answer == self._task.answer
+        used_tool = self._task.answer in self._tool_results
+        info.update(answer=answer, correct=correct, used_tool=used_tool, tool_calls=len(self._tool_results))
+        self._done = True
+        return StepResult([], 1.0 if correct and used_tool else 0.0, True, info)
+
+    async def close(self) -> None:
+        self._done = True
+
+    def _run_tools(self, text: str, info: dict[str, Any]) -> list[Message]:
+        parsed = parse_tool_calls(text)
+        out = [tool_message(f"error: {e}"[:120]) for e in parsed.errors]
+        for call in parsed.calls[:_MAX_CALLS_PER_TURN]:
+            if call.name != TOOL_NAME:
+                out.append(tool_message(f"error: unknown tool {call.name[:40]!r}, use {TOOL_NAME!r}"))
+                continue
+            try:
+                value = evaluate(call.arguments.get("expr"))
+            except CalcError as err:
+                out.append(tool_message(f"error: {err}"))
+                continue
+            self._tool_results.append(value)
+            out.append(tool_message(str(value)))
+        errors = [m["content"] for m in out if m["content"].startswith("error:")]
+        if errors:
+            info["error"] = "; ".join(errors)
+        return out
+
+    def _continue_or_stop(
+        self, observation: list[Message], last_turn: bool, info: dict[str, Any]
+    ) -> StepResult:
+        if not last_turn:
+            return StepResult(observation, 0.0, False, info)
+        self._done = True
+        info["truncated"] = True
+        return StepResult([], 0.0, True, info)

@@ -1,0 +1,293 @@
+"""The style_shift env (the online-learning study), its schedule, the rule judge and the LLM judge."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from sao.envs import make_env
+from sao.envs.base import Task
+from sao.envs.judges import LLMJudge, RuleJudge, Verdict, parse_judge_answer
+from sao.envs.style_shift import OPTIMAL_SCORE, StyleSchedule, StyleShiftEnv, make_tasks
+
+GOOD = {  # one reply per style that the rule judge accepts, for the topic "cat"
+    "cute": "The cat is so fluffy~",
+    "chuunibyou": "The cat of darkness awakens!",
+    "classical": "Thy cat doth sleep.",
+}
+
+
+def episode(env: StyleShiftEnv, text: str, t: Task | None = None):
+    t = t or Task(id="t", prompt="Write one sentence about cat.", metadata={"topic": "cat"})
+
+    async def run():
+        first = await env.reset(t)
+        result = await env.step(text)
+        await env.close()
+        return first, result
+
+    return asyncio.run(run())
+
+
+def test_a_reply_in_the_preferred_style_earns_1_and_the_style_is_in_info():
+    first, result = episode(StyleShiftEnv(), GOOD["cute"])
+    assert first == [{"role": "user", "content": "Write one sentence about cat."}]
+    assert (result.reward, result.done, result.observation) == (1.0, True, [])
+    assert result.info["style"] == "cute" and result.info["quality"] and result.info["style_ok"]
+    assert StyleShiftEnv.max_turns == 1
+
+
+def test_shift_every_switches_cute_chuunibyou_classical_at_the_right_episodes():
+    env = StyleShiftEnv(shift_every=3)  # tasks without an episode number: the env counts its resets
+    styles, rewards = [], []
+    for _ in range(9):
+        result = episode(env, GOOD["cute"])[1]
+        styles.append(result.info["style"])
+        rewards.append(result.reward)
+    assert styles == ["cute"] * 3 + ["chuunibyou"] * 3 + ["classical"] * 3
+    assert rewards == [1.0] * 3 + [0.0] * 6  # the old style stops paying when the preference shifts
+
+
+def test_an_explicit_schedule_from_yaml_style_lists_is_followed():
+    env = StyleShiftEnv(schedule=[[0, "classical"], [2, "cute"], [5, "chuunibyou"]])
+    styles = [episode(env, "x")[1].info["style"] for _ in range(7)]
+    assert styles == ["classical"] * 2 + ["cute"] * 3 + ["chuunibyou"] * 2
+    assert env.schedule.style_at(10_000) == "chuunibyou"
+
+
+def test_set_episode_drives_the_schedule_and_counts_on():
+    env = StyleShiftEnv(shift_every=10)
+    env.set_episode(19)
+    tasks = make_tasks(3, seed=0)  # their own episode numbers (0, 1, 2) are overridden
+    results = [episode(env, "x", t)[1] for t in tasks]
+    assert [r.info["episode"] for r in results] == [19, 20, 21]
+    assert [r.info["style"] for r in results] == ["chuunibyou", "classical", "classical"]
+    assert env.current_style == "classical"
+
+
+def test_generated_tasks_carry_their_episode_so_fresh_envs_follow_the_schedule():
+    tasks = make_tasks(12, seed=0)
+    styles = [episode(StyleShiftEnv(shift_every=4), "x", t)[1].info["style"] for t in tasks]
+    assert styles == ["cute"] * 4 + ["chuunibyou"] * 4 + ["classical"] * 4
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[], [(1, "cute")], [(0, "cute"), (0, "classical")], [(0, "cute"), (5, "gothic")], [("x", "cute")], [3]],
+)
+def test_invalid_schedules_are_rejected(bad):
+    with pytest.raises(ValueError):
+        StyleShiftEnv(schedule=bad)
+
+
+def test_schedule_and_shift_every_are_exclusive():
+    with pytest.raises(ValueError, match="either"):
+        StyleShiftEnv(schedule=[(0, "cute")], shift_every=5)
+    with pytest.raises(ValueError, match="shift_every"):
+        StyleSchedule.every(0)
+
+
+def test_scripted_optimal_replies_reach_the_optimal_score_across_all_shifts():
+    env = make_env("style_shift", shift_every=50)
+    tasks = make_tasks(150, seed=4)
+    rewards = []
+    for t in tasks:
+        style = env.schedule.style_at(t.metadata["episode"])
+        topic = t.metadata["topic"]
+        reply = {
+            "cute": f"The {topic} is so fluffy~",
+            "chuunibyou": f"The {topic} of darkness awakens!",
+            "classical": f"Thy {topic} doth rest.",
+        }[style]
+        result = episode(env, reply, t)[1]
+        assert result.info["style"] == style
+        rewards.append(result.reward)
+    assert sum(rewards) / len(rewards) == OPTIMAL_SCORE == 1.0
+
+
+def test_make_tasks_is_deterministic_and_extends():
+    tasks = make_tasks(100, seed=7)
+    assert tasks == make_tasks(100, seed=7) and make_tasks(10, seed=7) == tasks[:10]
+    assert tasks[3].id == "style_shift-7-3" and tasks[3].metadata["episode"] == 3
+    assert all(t.prompt == f"Write one sentence about {t.metadata['topic']}." for t in tasks)
+
+
+# --- the rule judge ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "quality"),
+    [
+        ("The cat is so fluffy~", True),
+        ("Cats purr softly in the sun.", True),  # plural topic, capitalised
+        ("Cat!", False),  # under 3 words
+        ("The dog is fluffy~", False),  # topic missing
+        ("cat cat cat cat naps.", False),  # a word 4 times
+        ("The cat is fluffy", False),  # no closing punctuation
+        ("The cat " + " ".join("w" + chr(97 + i % 26) + chr(97 + i // 26) for i in range(29)) + ".", False),
+        ("", False),
+    ],
+)
+def test_rule_judge_quality(text, quality):
+    assert RuleJudge().grade_sync("cat", "cute", text).quality is quality
+
+
+@pytest.mark.parametrize(
+    ("text", "style", "ok"),
+    [
+        ("The cat is fluffy~", "cute", True),
+        ("The cat, uwu, naps.", "cute", True),
+        ("The cat naps ♡", "cute", True),
+        ("The cat of darkness awakens!", "chuunibyou", True),
+        ("My power seals the cat.", "chuunibyou", True),
+        ("Thou art a fine cat.", "classical", True),
+        ("The cat naps.", "cute", False),  # no marker
+        ("The cat is fluffy~", "classical", False),  # the wrong style
+        ("Thy fluffy cat of darkness sleeps~", "classical", False),  # markers of several styles
+        ("The cat naps!", "chuunibyou", False),  # '!' alone is not a marker
+    ],
+)
+def test_rule_judge_style_needs_its_markers_and_no_others(text, style, ok):
+    verdict = RuleJudge().grade_sync("cat", style, text)
+    assert verdict.style is ok
+    assert verdict.reward == (1.0 if ok and verdict.quality else 0.0)
+
+
+def test_rule_judge_rejects_unknown_styles():
+    with pytest.raises(ValueError, match="unknown style"):
+        RuleJudge().grade_sync("cat", "gothic", "The cat.")
+
+
+# --- the LLM judge ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "parsed"),
+    [
+        ("QUALITY: yes STYLE: no", (True, False)),
+        ("quality:YES, style: yes.", (True, True)),
+        ("  QUALITY: no\nSTYLE: no\n", (False, False)),
+        ("QUALITY: yes", None),
+        ("QUALITY: maybe STYLE: yes", None),
+        ("Sure! QUALITY: yes STYLE: yes", None),
+        ("", None),
+        (None, None),
+    ],
+)
+def test_parse_judge_answer_is_strict(answer, parsed):
+    assert parse_judge_answer(answer) == parsed
+
+
+def _mock_judge(handler) -> LLMJudge:
+    return LLMJudge("http://judge.test", "grader", transport=httpx.MockTransport(handler))
+
+
+def test_llm_judge_parses_a_well_formed_answer_and_sends_the_task():
+    seen = {}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen["url"], seen["body"] = str(request.url), json.loads(request.content)
+        content = "QUALITY: yes STYLE: yes"
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": content}}]})
+
+    env = StyleShiftEnv(judge=_mock_judge(handler))
+    result = episode(env, "The cat is fluffy~")[1]
+    assert result.reward == 1.0 and "judge_error" not in result.info
+    assert seen["url"] == "http://judge.test/v1/chat/completions"
+    assert seen["body"]["model"] == "grader"
+    prompt = seen["body"]["messages"][-1]["content"]
+    assert "cat" in prompt and "cute" in prompt and "The cat is fluffy~" in prompt
+
+
+def test_llm_judge_verdicts_map_to_rewards():
+    def answering(content):
+        return lambda _r: httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
+
+    run = asyncio.run
+    assert run(_mock_judge(answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")) == Verdict(
+        True, False, details="QUALITY: yes STYLE: no"
+    )
+    assert run(_mock_judge(answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")).reward == 0.0
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        lambda _r: httpx.Response(500, text="boom"),
+        lambda _r: httpx.Response(200, text="not json"),
+        lambda _r: httpx.Response(200, json={"choices": []}),
+        lambda _r: httpx.Response(200, json={"choices": [{"message": {"content": "looks good to me"}}]}),
+    ],
+)
+def test_llm_judge_failures_give_reward_0_with_judge_error(handler):
+    result = episode(StyleShiftEnv(judge=_mock_judge(handler)), "The cat is fluffy~")[1]
+    assert result.reward == 0.0 and result.done and result.info["judge_error"]
+
+
+def test_a_judge_that_raises_costs_the_reward_not_the_run():
+    class Broken:
+        async def grade(self, topic, style, text):
+            raise RuntimeError("judge exploded")
+
+    result = episode(StyleShiftEnv(judge=Broken()), "The cat is fluffy~")[1]
+    assert result.reward == 0.0 and "judge exploded" in result.info["judge_error"]
+
+
+def test_make_env_builds_an_llm_judge_from_plain_options():
+    env = make_env("style_shift", judge="llm", judge_options={"base_url": "http://h:1/v1", "model": "m"})
+    assert isinstance(env.judge, LLMJudge) and env.judge.url == "http://h:1/v1/chat/completions"
+    with pytest.raises(ValueError, match="unknown judge"):
+        StyleShiftEnv(judge="oracle")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gateway_url(tiny_moe_dir, tiny_tokenizer):
+    import uvicorn
+
+    from sao.engine import LocalEngine
+    from sao.engine.gateway import create_app
+
+    engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=4)
+    app = create_app(engine, tiny_tokenizer, default_max_tokens=16)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started:
+        if time.time() > deadline:
+            raise RuntimeError("gateway did not start")
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_llm_judge_against_the_real_gateway_returns_a_clean_zero_on_an_unparseable_answer(gateway_url):
+    judge = LLMJudge(gateway_url, "sao", timeout_s=60)
+    verdict = asyncio.run(judge.grade("cat", "cute", "The cat is fluffy~"))
+    # The untrained tiny model answers gibberish: an error verdict carrying the raw answer, no exception.
+    assert verdict.error is not None and verdict.error.startswith("unparseable judge answer")
+    assert isinstance(verdict.details, str) and verdict.reward == 0.0
+    result = episode(
+        StyleShiftEnv(judge="llm", judge_options={"base_url": gateway_url + "/v1", "model": "sao"}), "x"
+    )[1]
+    assert result.reward == 0.0 and result.info["judge_error"].startswith("unparseable judge answer")
+
+
+def test_llm_judge_reports_an_unreachable_server_as_judge_error():
+    judge = LLMJudge(f"http://127.0.0.1:{_free_port()}", "sao", timeout_s=5)
+    verdict = asyncio.run(judge.grade("cat", "cute", "x"))
+    assert verdict.reward == 0.0 and verdict.error.startswith("judge request failed")
