@@ -281,5 +281,79 @@ async def _remote_engine(backend: str, model: str, attach: str | None, python: s
     return await (cls.attach(attach) if attach else cls.launch(model, python=python))
 
 
+@app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory to evaluate.")],
+    tasks: Annotated[
+        list[str],
+        typer.Option("--tasks", help="Task file (JSONL); repeat the option or separate files by commas."),
+    ],
+    env: Annotated[
+        str | None, typer.Option(help="Environment for every task (default: each row's env, else math_tir).")
+    ] = None,
+    k: Annotated[int, typer.Option("--k", help="Samples per problem (Pass@1 is averaged over them).")] = 4,
+    seed: Annotated[int, typer.Option(help="Run seed (each sample's seed derives from it).")] = 0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    max_turns: Annotated[
+        int | None, typer.Option(help="Turn limit (default: the env's own, math 50, coding 300).")
+    ] = None,
+    max_tokens_per_turn: Annotated[int, typer.Option(help="Tokens one assistant turn may generate.")] = 1024,
+    max_total_tokens: Annotated[int, typer.Option(help="Token budget of one episode.")] = 16384,
+    concurrency: Annotated[int, typer.Option(help="Episodes run at once.")] = 32,
+    limit: Annotated[int | None, typer.Option(help="Evaluate only the first N tasks of each file.")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Write the full report (JSON) here.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+) -> None:
+    """Evaluate a checkpoint: every task k times through the agent loop; Pass@1 (mean over the k samples)
+    and pass@k per task file and overall."""
+    from sao.eval import EvalSettings, run_eval, write_report
+
+    _quiet_transformers()
+    paths = [p.strip() for value in tasks for p in value.split(",") if p.strip()]
+    for path in paths:
+        if not Path(path).is_file():
+            raise _fail(f"error: --tasks: {path!r} is not a file")
+    try:
+        settings = EvalSettings(
+            k=k,
+            seed=seed,
+            temperature=temperature,
+            top_p=top_p,
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_total_tokens=max_total_tokens,
+            concurrency=concurrency,
+            env=env,
+            limit=limit,
+        )
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+    try:
+        report = run_eval(model, paths, settings, device=device, dtype=dtype)
+    except (OSError, ValueError) as err:  # EnvError is a ValueError
+        raise _fail(f"error: {err}", code=1) from None
+    table = Table(title=f"{Path(model).name}: k={k}, temperature {temperature}, top-p {top_p}, seed {seed}")
+    for column in ("task file", "tasks", "samples", "pass@1", f"pass@{k}", "mean reward", "turns", "errors"):
+        table.add_column(column, no_wrap=True, justify="left" if column == "task file" else "right")
+    rows = [*report["files"].items(), ("overall", report["overall"])]
+    for i, (name, m) in enumerate(rows):
+        table.add_row(
+            name,
+            str(m["tasks"]),
+            str(m["samples"]),
+            f"{m['pass@1']:.3f}",
+            f"{m[f'pass@{k}']:.3f}",
+            f"{m['mean_reward']:.3f}",
+            f"{m['mean_turns']:.1f}",
+            str(m["errors"]),
+            end_section=i == len(rows) - 2,
+        )
+    _stdout().print(table)
+    if out:
+        typer.echo(f"wrote {write_report(report, out)}")
+
+
 if __name__ == "__main__":
     app()
