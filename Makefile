@@ -27,8 +27,8 @@ sandbox-deps:
 	else echo "note: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) for the strongest sandbox"; fi
 
 # Until the training loop lands, the main job is what runs end to end today: the presets, the resolved
-# quickstart config, the advantage estimator on a paper-sized batch against the reference loop, and a
-# tiny Qwen3-MoE's SFT warm start on tool-use conversations.
+# quickstart config, the advantage estimator on a paper-sized batch against the reference loop, a tiny
+# Qwen3-MoE's SFT warm start on calculator-tool conversations, and its evaluation in the calculator env.
 DEMO_DIR ?= runs/demo
 demo: install
 	$(BIN)/sao presets
@@ -37,6 +37,9 @@ demo: install
 	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(DEMO_DIR)/base
 	$(BIN)/python examples/make_tool_chats.py --n 200 --out $(DEMO_DIR)/chats.jsonl
 	$(BIN)/sao sft --model $(DEMO_DIR)/base --data $(DEMO_DIR)/chats.jsonl --out $(DEMO_DIR)/sft --steps 60 --lr 2e-3
+	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --out $(DEMO_DIR)/calc_eval.jsonl
+	$(BIN)/sao eval --model $(DEMO_DIR)/sft --tasks $(DEMO_DIR)/calc_eval.jsonl --env calculator --k 2 \
+		--max-tokens-per-turn 64 --out $(DEMO_DIR)/eval_sft.json
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples

@@ -21,6 +21,17 @@ __all__ = [
     "StepResult",
     "Task",
     "load_env_class",
+    "load_tasks",
     "make_env",
     "register_env",
+    "save_tasks_jsonl",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Task loading pulls in `datasets`; import it on first use so `import sao.envs` stays light.
+    if name in ("load_tasks", "save_tasks_jsonl"):
+        from . import tasks
+
+        return getattr(tasks, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
