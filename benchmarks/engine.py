@@ -31,7 +31,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from statistics import NormalDist
 
 import torch
 
@@ -39,6 +38,7 @@ from sao.engine.local import LocalEngine
 from sao.engine.types import SamplingParams
 from sao.models.loading import load_policy
 from sao.models.tiny import build_tiny_model, tiny_checkpoint
+from workloads import long_tailed_lengths
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,6 @@ class Workload:
     @property
     def useful_tokens(self) -> int:
         return sum(self.max_new_tokens)
-
-
-def long_tailed_lengths(n: int, median: int, tail: float, seed: int) -> list[int]:
-    """``n`` lognormal quantiles with the given median and max/median = ``tail``, shuffled."""
-    z_max = NormalDist().inv_cdf((n - 0.5) / n)
-    sigma = torch.tensor(tail).log().item() / z_max
-    lengths = [
-        max(1, round(median * torch.tensor(sigma * NormalDist().inv_cdf((i + 0.5) / n)).exp().item()))
-        for i in range(n)
-    ]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    return [lengths[i] for i in order]
 
 
 def make_workload(args: argparse.Namespace) -> Workload:

@@ -24,7 +24,6 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from statistics import NormalDist
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
@@ -33,18 +32,7 @@ from sao.models.attention import enable_packed_attention
 from sao.models.forward import token_logprobs
 from sao.models.tiny import build_tiny_model
 from sao.types import Batch, Trajectory
-
-
-def long_tailed_lengths(n: int, median: int, tail: float, seed: int) -> list[int]:
-    """``n`` lognormal quantiles with the given median and max/median = ``tail``, shuffled."""
-    z_max = NormalDist().inv_cdf((n - 0.5) / n)
-    sigma = torch.tensor(tail).log().item() / z_max
-    lengths = [
-        max(2, round(median * torch.tensor(sigma * NormalDist().inv_cdf((i + 0.5) / n)).exp().item()))
-        for i in range(n)
-    ]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    return [lengths[i] for i in order]
+from workloads import long_tailed_lengths
 
 
 def make_batch(lengths: list[int], vocab: int, seed: int) -> Batch:
@@ -134,7 +122,7 @@ def main() -> None:
 
     device = torch.device(args.device)
     model = enable_packed_attention(build_tiny_model(args.arch, args.size, seed=args.seed)).to(device).train()
-    lengths = long_tailed_lengths(args.trajectories, args.median, args.tail, args.seed)
+    lengths = long_tailed_lengths(args.trajectories, args.median, args.tail, args.seed, minimum=2)
     batch = make_batch(lengths, model.config.vocab_size, args.seed).to(device)
     real, padded_tokens = batch.num_tokens, batch.num_sequences * batch.max_seqlen
     print(

@@ -27,6 +27,7 @@ __all__ = [
     "Message",
     "StepResult",
     "Task",
+    "initial_messages",
     "load_env_class",
     "make_env",
     "register_env",
@@ -83,6 +84,20 @@ class Env(Protocol):
     async def close(self) -> None:
         """Release resources (sandboxes, files). Called once per episode by the agent loop."""
         ...
+
+
+def initial_messages(
+    task: Task, system_prompt: str | None = None, user_text: str | None = None
+) -> list[Message]:
+    """The usual ``reset`` answer: a task given as messages is used as is (copied); otherwise an optional
+    system message and one user message with ``user_text`` (default: the task's prompt)."""
+    if isinstance(task.prompt, list):
+        return [dict(m) for m in task.prompt]
+    messages: list[Message] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.append({"role": "user", "content": str(task.prompt) if user_text is None else user_text})
+    return messages
 
 
 ENV_REGISTRY: dict[str, Callable[..., Env]] = {}

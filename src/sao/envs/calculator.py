@@ -24,7 +24,7 @@ import random
 import re
 from typing import Any
 
-from .base import Message, StepResult, Task, register_env
+from .base import Message, StepResult, Task, initial_messages, register_env
 from .tools import parse_tool_calls, tool_message
 
 __all__ = [
@@ -170,13 +170,7 @@ class CalculatorEnv:
 
     async def reset(self, task: Task) -> list[Message]:
         self._task, self._turns, self._done, self._tool_results = task, 0, False, []
-        if isinstance(task.prompt, list):
-            return [dict(m) for m in task.prompt]
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": task.prompt})
-        return messages
+        return initial_messages(task, self.system_prompt)
 
     async def step(self, assistant_text: str) -> StepResult:
         if self._done or self._task is None:

@@ -33,7 +33,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from sao.envs.base import Message, StepResult, Task, register_env
+from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
 from sao.envs.sandbox import Sandbox
 from sao.envs.tools import ToolCall, parse_tool_calls, tool_message
 
@@ -137,14 +137,9 @@ class CodeTestsEnv:
         self._sandbox = await asyncio.to_thread(
             Sandbox, files=files, timeout_s=self.command_timeout_s, memory_mb=self.memory_mb
         )
-        if isinstance(task.prompt, list):
-            return [dict(m) for m in task.prompt]
         listing = "\n".join(f"- {path}" for path in sorted(files)) or "(empty)"
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": f"{task.prompt}\n\nFiles in the repository:\n{listing}"})
-        return messages
+        user_text = f"{task.prompt}\n\nFiles in the repository:\n{listing}"
+        return initial_messages(task, self.system_prompt, user_text)
 
     async def step(self, assistant_text: str) -> StepResult:
         if self._sandbox is None:

@@ -21,7 +21,7 @@ import random
 import re
 from typing import Any
 
-from .base import Message, StepResult, Task, register_env
+from .base import Message, StepResult, Task, initial_messages, register_env
 
 __all__ = [
     "DEFAULT_MAX_NUMBER",
@@ -124,13 +124,7 @@ class GuessNumberEnv:
         max_number = int(task.metadata.get("max_number", DEFAULT_MAX_NUMBER))
         self.max_turns = self._fixed_turns or guess_budget(max_number)
         self._secret, self._turns, self._done = int(task.answer), 0, False
-        if isinstance(task.prompt, list):
-            return [dict(m) for m in task.prompt]
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": task.prompt})
-        return messages
+        return initial_messages(task, self.system_prompt)
 
     async def step(self, assistant_text: str) -> StepResult:
         if self._done:

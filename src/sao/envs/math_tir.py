@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sao.envs.base import Message, StepResult, Task, register_env
+from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
 from sao.envs.sandbox import run_code
 from sao.envs.tools import extract_boxed, extract_python_blocks, tool_message
 from sao.envs.verify import verify_answer
@@ -67,13 +67,7 @@ class MathTIREnv:
 
     async def reset(self, task: Task) -> list[Message]:
         self._task, self._turns = task, 0
-        if isinstance(task.prompt, list):
-            return [dict(m) for m in task.prompt]
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": str(task.prompt)})
-        return messages
+        return initial_messages(task, self.system_prompt)
 
     async def step(self, assistant_text: str) -> StepResult:
         if self._task is None:

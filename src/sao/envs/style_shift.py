@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Message, StepResult, Task, register_env
+from .base import Message, StepResult, Task, initial_messages, register_env
 from .judges import STYLES, Judge, make_judge
 
 __all__ = [
@@ -175,13 +175,7 @@ class StyleShiftEnv:
         self._resets += 1
         self._done = False
         self._topic = str(task.metadata.get("topic") or _topic_from(task.prompt))
-        if isinstance(task.prompt, list):
-            return [dict(m) for m in task.prompt]
-        messages: list[Message] = []
-        if self.system_prompt:
-            messages.append({"role": "system", "content": self.system_prompt})
-        messages.append({"role": "user", "content": task.prompt})
-        return messages
+        return initial_messages(task, self.system_prompt)
 
     async def step(self, assistant_text: str) -> StepResult:
         style = self.current_style
