@@ -27,3 +27,41 @@ def tiny_tokenizer(tiny_moe_dir: Path):
     from sao.models.loading import load_tokenizer
 
     return load_tokenizer(tiny_moe_dir)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_app():
+    """``serve_app(app) -> base URL``: run an ASGI app with uvicorn in a thread until the session ends."""
+    import threading
+    import time
+
+    import uvicorn
+
+    running = []
+
+    def start(app) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.time() + 30
+        while not server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.05)
+        running.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
 import torch
 
+from conftest import free_port
 from sao.engine import LocalEngine
 from sao.engine.gateway import create_app
 from sao.engine.sessions import ChatSession
@@ -17,34 +16,16 @@ from sao.models.loading import load_policy
 from sao.types import Batch
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def gateway(tiny_moe_dir, tiny_tokenizer, tmp_path_factory):
-    import uvicorn
-
+def gateway(tiny_moe_dir, tiny_tokenizer, tmp_path_factory, serve_app):
     engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=8)
     received = []
     out = tmp_path_factory.mktemp("gw") / "trajectories.jsonl"
     app = create_app(
         engine, tiny_tokenizer, default_max_tokens=16, on_trajectory=received.append, output_path=out
     )
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline:
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.05)
-    yield {"url": f"http://127.0.0.1:{port}", "received": received, "out": out, "app": app}
-    server.should_exit = True
-    thread.join(timeout=10)
+    url = serve_app(app)
+    return {"url": url, "received": received, "out": out, "app": app}
 
 
 @pytest.fixture
@@ -162,7 +143,7 @@ def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
 
     import httpx
 
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "sessions.jsonl"
     cmd = [sys.executable, "-m", "sao.cli", "serve", "--model", str(tiny_moe_dir), "--port", str(port)]
     proc = subprocess.Popen([*cmd, "--out", str(out), "--device", "cpu"], stderr=subprocess.PIPE, text=True)

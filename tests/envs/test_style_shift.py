@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 
 import httpx
 import pytest
 
+from conftest import free_port
 from sao.envs import make_env
 from sao.envs.base import Task
 from sao.envs.judges import LLMJudge, RuleJudge, Verdict, parse_judge_answer
@@ -246,33 +244,13 @@ def test_make_env_builds_an_llm_judge_from_plain_options():
         StyleShiftEnv(judge="oracle")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def gateway_url(tiny_moe_dir, tiny_tokenizer):
-    import uvicorn
-
+def gateway_url(tiny_moe_dir, tiny_tokenizer, serve_app):
     from sao.engine import LocalEngine
     from sao.engine.gateway import create_app
 
     engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=4)
-    app = create_app(engine, tiny_tokenizer, default_max_tokens=16)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        if time.time() > deadline:
-            raise RuntimeError("gateway did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    return serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=16))
 
 
 def test_llm_judge_against_the_real_gateway_returns_a_clean_zero_on_an_unparseable_answer(gateway_url):
@@ -288,6 +266,6 @@ def test_llm_judge_against_the_real_gateway_returns_a_clean_zero_on_an_unparseab
 
 
 def test_llm_judge_reports_an_unreachable_server_as_judge_error():
-    judge = LLMJudge(f"http://127.0.0.1:{_free_port()}", "sao", timeout_s=5)
+    judge = LLMJudge(f"http://127.0.0.1:{free_port()}", "sao", timeout_s=5)
     verdict = asyncio.run(judge.grade("cat", "cute", "x"))
     assert verdict.reward == 0.0 and verdict.error.startswith("judge request failed")
