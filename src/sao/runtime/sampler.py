@@ -1,0 +1,86 @@
+"""Prompt sampling for the producer: epochs in a seeded order, groups for group presets, SPO priorities.
+
+`PromptSampler.next()` returns the next *start*: one task and its group (``group_size`` copies sharing a
+``group_id``; size 1 for single-rollout presets). Without weights, tasks are visited epoch by epoch in a
+fresh seeded permutation; with a weight function (SPO's prioritised sampling, ``√(p̂(1−p̂)) + floor``),
+each start draws a task with probability proportional to its weight. The position (epoch, cursor, draws)
+is part of ``state_dict`` so a resumed run continues the same sequence.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sao.envs.base import Task
+
+__all__ = ["PromptSampler", "Start"]
+
+
+@dataclass(frozen=True)
+class Start:
+    """One task to play ``len(group)`` times; ``group_id`` is shared by the group (None for size 1)."""
+
+    task: Task
+    group_id: str | None
+    size: int
+
+
+class PromptSampler:
+    """Seeded, resumable task order (see the module docstring)."""
+
+    def __init__(
+        self,
+        tasks: Sequence[Task],
+        *,
+        group_size: int = 1,
+        seed: int = 0,
+        weights: Callable[[Sequence[str]], Sequence[float]] | None = None,
+    ) -> None:
+        if not tasks:
+            raise ValueError("the prompt sampler needs at least one task")
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        self.tasks = list(tasks)
+        self.group_size = group_size
+        self.seed = seed
+        self.weights = weights
+        self.epoch = 0
+        self.cursor = 0
+        self.draws = 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def next(self) -> Start:
+        """The next task (and its group) to start."""
+        if self.weights is not None:
+            w = list(self.weights([t.id for t in self.tasks]))
+            if len(w) != len(self.tasks) or any(x < 0 for x in w) or sum(w) <= 0:
+                raise ValueError("sampling weights must be one non-negative number per task, not all zero")
+            index = random.Random(f"{self.seed}-draw-{self.draws}").choices(range(len(self.tasks)), w)[0]
+        else:
+            if self.cursor == len(self._order):
+                self.epoch += 1
+                self.cursor = 0
+                self._order = self._permutation(self.epoch)
+            index = self._order[self.cursor]
+            self.cursor += 1
+        self.draws += 1
+        task = self.tasks[index]
+        group_id = f"{task.id}#{self.draws}" if self.group_size > 1 else None
+        return Start(task, group_id, self.group_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "cursor": self.cursor, "draws": self.draws, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["seed"] != self.seed:
+            raise ValueError(f"sampler state is for seed {state['seed']}, this sampler has seed {self.seed}")
+        self.epoch, self.cursor, self.draws = int(state["epoch"]), int(state["cursor"]), int(state["draws"])
+        self._order = self._permutation(self.epoch)
