@@ -12,6 +12,7 @@ or module (``"path/to/my_env.py:MyEnv"`` / ``"package.module:MyEnv"``), so no fo
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -165,6 +166,9 @@ def make_env(name_or_source: str, **kwargs: Any) -> Env:
     for attr in ("reset", "step", "close"):
         if not callable(getattr(env, attr, None)):
             raise EnvError(f"environment {name_or_source!r} has no {attr}() method")
+    if getattr(env, "name", None) is None:
+        with contextlib.suppress(AttributeError):  # the name trajectories report as metadata["env"]
+            env.name = name_or_source  # type: ignore[attr-defined]
     return env
 
 

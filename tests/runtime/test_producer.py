@@ -1,0 +1,110 @@
+"""The producer with a real LocalEngine and the calculator env: bounds, groups, drops, accounting."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sao.engine import LocalEngine
+from sao.envs import make_env
+from sao.envs.calculator import make_tasks
+from sao.rollout import AgentLoopConfig
+from sao.runtime.producer import Producer
+from sao.runtime.sampler import PromptSampler
+from sao.runtime.staleness import StalenessManager
+
+LOOP = AgentLoopConfig(max_turns=2, max_total_tokens=256, max_tokens_per_turn=12)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_moe_dir):
+    return LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=8)
+
+
+def _producer(engine, tokenizer, *, batch=4, staleness=1, group=1, tau=None, version=lambda: 0):
+    mgr = StalenessManager(batch_size=batch, max_staleness=staleness, drop_older_than=tau)
+    queue: asyncio.Queue = asyncio.Queue()
+    sampler = PromptSampler(make_tasks(16, seed=1), group_size=group, seed=0)
+    producer = Producer(
+        engine, tokenizer, lambda: make_env("calculator"), sampler, mgr, queue, LOOP,
+        max_in_flight=8, version=version, seed=0,
+    )  # fmt: skip
+    return producer, mgr, queue
+
+
+async def _run_until(producer, predicate, timeout=60.0):
+    runner = asyncio.create_task(producer.run())
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "producer made no progress"
+        await asyncio.sleep(0.05)
+    producer.stop()
+    await runner
+
+
+def test_capacity_bounds_what_is_started_and_everything_is_accounted_for(engine, tiny_tokenizer):
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=4, staleness=1)
+
+    async def scenario():
+        await _run_until(producer, lambda: queue.qsize() + producer.counters["dropped/episode_error"] >= 8)
+        s = mgr.stats()
+        assert s.started == 8  # (max_staleness + 1) * batch, nothing more without training
+        items = [queue.get_nowait() for _ in range(queue.qsize())]
+        assert all(len(item) == 1 for item in items)
+        for [traj] in items:
+            traj.validate()
+            assert traj.metadata["env"] == "calculator"
+        dropped = sum(v for k, v in producer.counters.items() if k.startswith("dropped/"))
+        assert producer.counters["produced"] == len(items)
+        assert producer.counters["produced"] + dropped == s.started  # every episode finished and counted
+        assert (s.trained, s.pending) == (0, s.started - s.dropped)
+
+    asyncio.run(scenario())
+
+
+def test_training_frees_capacity_for_new_episodes(engine, tiny_tokenizer):
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=2, staleness=0)
+
+    async def scenario():
+        runner = asyncio.create_task(producer.run())
+        while queue.qsize() < 2:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        assert mgr.stats().started == 2
+        for _ in range(2):
+            queue.get_nowait()
+        mgr.on_trained(2)
+        producer.notify_trained()
+        while queue.qsize() < 2:
+            await asyncio.sleep(0.05)
+        producer.stop()
+        await runner
+        assert mgr.stats().started == 4
+
+    asyncio.run(scenario())
+
+
+def test_groups_arrive_whole_with_a_shared_group_id(engine, tiny_tokenizer):
+    producer, _, queue = _producer(engine, tiny_tokenizer, batch=4, staleness=0, group=2)
+
+    async def scenario():
+        await _run_until(producer, lambda: queue.qsize() >= 2)
+        for _ in range(2):
+            group = queue.get_nowait()
+            assert len(group) == 2
+            assert group[0].group_id == group[1].group_id is not None
+            assert group[0].prompt_id == group[1].prompt_id
+
+    asyncio.run(scenario())
+
+
+def test_too_stale_trajectories_are_dropped_and_counted(engine, tiny_tokenizer):
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=2, staleness=1, tau=1, version=lambda: 5)
+
+    async def scenario():
+        await _run_until(producer, lambda: producer.counters["dropped/too_stale"] >= 4)
+        assert queue.qsize() == 0
+        assert mgr.stats().drops_by_reason.get("too_stale", 0) >= 4
+
+    asyncio.run(scenario())
