@@ -1,0 +1,360 @@
+"""Run checkpoints: written atomically, found robustly, restored exactly (DESIGN invariant 6).
+
+A checkpoint is ``run_dir/checkpoints/step_{step:08d}/`` holding
+
+- ``actor/``: the policy as an HF checkpoint (``save_pretrained``, safetensors),
+- ``critic/``: the critic's ``save_pretrained`` directory, when there is a critic,
+- ``trainer_state.pt``: whatever the trainer needs to continue (optimizer, scheduler, baseline state …),
+- ``rng.pt``: python ``random``, numpy, torch CPU and CUDA generator states,
+- ``meta.json``: step, policy version, data position, trajectory counters, config snapshot, versions, time.
+
+It is built in a hidden sibling staging directory, every file fsynced, then renamed into place: a
+directory named ``step_*`` is always complete. The ``latest`` file then names it (written to a temp file
+and ``os.replace``d), and old checkpoints beyond ``keep_last`` are pruned. One writer per run is assumed;
+any number of readers may look at the same time.
+
+This module owns the on-disk format only; what goes into ``trainer_state`` and ``meta`` is the trainer's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sao import __version__
+
+from .common import atomic_dir
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "capture_rng",
+    "load_checkpoint",
+    "restore_rng",
+    "resume_point",
+]
+
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"step_(\d{8,})")
+_LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or unreadable; the message names the file."""
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """What `CheckpointManager.load` read back. Models are not loaded: pass ``actor_dir`` / ``critic_dir``
+    to `load_policy` / `load_critic` (with the run's dtype and device). Restore order that reproduces an
+    uninterrupted run: models, optimizer *and* scheduler constructed, then optimizer state, scheduler state,
+    estimator state, and `restore_rng` last (a scheduler's constructor rewrites the optimizer's lrs)."""
+
+    path: Path
+    meta: dict[str, Any]
+    trainer_state: dict[str, Any]
+    rng: dict[str, Any]
+    actor_dir: Path
+    critic_dir: Path | None
+
+    @property
+    def step(self) -> int:
+        return int(self.meta["step"])
+
+    @property
+    def policy_version(self) -> int | None:
+        return self.meta.get("policy_version")
+
+    @property
+    def data_position(self) -> dict[str, Any]:
+        return self.meta.get("data_position", {})
+
+    @property
+    def counters(self) -> dict[str, Any]:
+        return self.meta.get("counters", {})
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every generator a training step may draw from (torch.load(weights_only=True)-safe)."""
+    np_state = np.random.get_state(legacy=False)
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: Mapping[str, Any]) -> None:
+    """Set the generators to ``states`` (from `capture_rng` or `LoadedCheckpoint.rng`). CUDA states are
+    restored when CUDA is available and the checkpoint has them for as many devices; else skipped."""
+    random.setstate(_as_tuple(states["python"]))
+    np_state = states["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np_state["key"].numpy().astype(np.uint32), "pos": int(np_state["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        }
+    )
+    torch.set_rng_state(states["torch"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _as_tuple(value: Any) -> Any:
+    """``random.setstate`` wants nested tuples; a round trip through a checkpoint may give lists."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+class CheckpointManager:
+    """Saves, finds, loads and prunes the checkpoints of one run under ``run_dir/checkpoints``."""
+
+    def __init__(self, run_dir: str | Path, keep_last: int = 3) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / "checkpoints"
+        self.keep_last = keep_last
+
+    # ---- writing -----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        *,
+        actor: Any,
+        critic: Any | None = None,
+        trainer_state: Mapping[str, Any],
+        policy_version: int | None = None,
+        data_position: Mapping[str, Any] | None = None,
+        counters: Mapping[str, Any] | None = None,
+        config: Mapping[str, Any] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write checkpoint ``step`` atomically, point ``latest`` at it, prune; returns its directory.
+
+        ``actor`` / ``critic`` need ``save_pretrained(dir)``. ``trainer_state`` goes to ``torch.save``
+        (keep it to tensors, numbers, strings, lists, dicts: it is loaded with ``weights_only=True``).
+        ``data_position`` (sampler cursor/epoch/seed), ``counters`` (produced/trained/dropped …),
+        ``config`` and ``extra`` go to ``meta.json`` and must be JSON-serialisable. If anything fails,
+        no checkpoint directory appears and ``latest`` is unchanged.
+        """
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        meta = {
+            "format": FORMAT_VERSION,
+            "step": int(step),
+            "policy_version": policy_version,
+            "data_position": dict(data_position or {}),
+            "counters": dict(counters or {}),
+            "config": dict(config or {}),
+            "extra": dict(extra or {}),
+            "has_critic": critic is not None,
+            "sao_version": __version__,
+            "torch_version": torch.__version__,
+            "timestamp": time.time(),
+        }
+        try:  # fail before writing gigabytes of weights
+            meta_text = json.dumps(meta, indent=2, sort_keys=True)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"checkpoint meta for step {step} is not JSON-serialisable: {err}") from None
+
+        target = self.root / f"step_{step:08d}"
+        with atomic_dir(target) as stage:
+            actor.save_pretrained(stage / "actor")
+            if critic is not None:
+                critic.save_pretrained(stage / "critic")
+            torch.save(dict(trainer_state), stage / "trainer_state.pt")
+            torch.save(capture_rng(), stage / "rng.pt")
+            (stage / "meta.json").write_text(meta_text)  # last: its presence marks a complete checkpoint
+            _fsync_tree(stage)
+        _fsync_dir(self.root)
+        self._write_latest(target.name)
+        self.prune(keep=target)
+        return target
+
+    def _write_latest(self, name: str) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{_LATEST}.tmp-", dir=self.root)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(name + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.root / _LATEST)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.root)
+
+    def prune(self, keep: Path | None = None) -> list[Path]:
+        """Delete all but the ``keep_last`` highest-step checkpoints (never ``keep`` nor the one ``latest``
+        names) and leftovers of interrupted saves; returns the removed checkpoint directories.
+
+        A pruned directory is first renamed to a hidden name, so `latest` never returns it; a reader that
+        already opened files in it keeps reading them (POSIX unlink semantics)."""
+        protected = {p.name for p in (keep, self._pointer_target()) if p is not None}
+        removed = []
+        for path in self.checkpoints()[: -self.keep_last]:
+            if path.name in protected:
+                continue
+            doomed = path.with_name(f".{path.name}.del-{os.getpid()}-{time.monotonic_ns()}")
+            try:
+                path.rename(doomed)
+            except OSError:  # already gone (another pruner) or busy: leave it for next time
+                continue
+            shutil.rmtree(doomed, ignore_errors=True)
+            removed.append(path)
+        if self.root.is_dir():  # staging / deletion leftovers of a crashed process (single writer assumed)
+            for stale in self.root.glob(".step_*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            for stale in self.root.glob(f".{_LATEST}.tmp-*"):
+                stale.unlink(missing_ok=True)
+        return removed
+
+    # ---- finding -----------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoint directories (``step_*`` with a ``meta.json``), oldest step first."""
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.iterdir():
+            match = _STEP_DIR.fullmatch(path.name)
+            if match and (path / "meta.json").is_file():
+                found.append((int(match.group(1)), path))
+        return [path for _, path in sorted(found)]
+
+    def _pointer_target(self) -> Path | None:
+        try:
+            name = (self.root / _LATEST).read_text().strip()
+        except OSError:
+            return None
+        path = self.root / name
+        if _STEP_DIR.fullmatch(name) and (path / "meta.json").is_file():
+            return path
+        return None
+
+    def latest(self) -> Path | None:
+        """The checkpoint ``latest`` names; if that file is missing or stale, the highest complete step;
+        None when the run has no checkpoint. Staging and half-deleted directories are never returned."""
+        pointed = self._pointer_target()
+        if pointed is not None:
+            return pointed
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    # ---- reading -----------------------------------------------------------------------------------
+
+    def load(self, path: str | Path | None = None) -> LoadedCheckpoint:
+        """Read checkpoint ``path`` (default: `latest`). Raises `CheckpointError` naming the missing or
+        corrupt file. RNG states are returned, not applied: call `restore_rng` when the run resumes."""
+        if path is None:
+            path = self.latest()
+            if path is None:
+                raise CheckpointError(f"no checkpoint under {str(self.root)!r}")
+        return load_checkpoint(path)
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Read one checkpoint directory; see `CheckpointManager.load`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
+    meta_file = path / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"incomplete checkpoint: {str(meta_file)!r} is missing") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"corrupt checkpoint file {str(meta_file)!r}: {err}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"corrupt checkpoint file {str(meta_file)!r}: no integer 'step'")
+    if meta.get("format", FORMAT_VERSION) > FORMAT_VERSION:
+        raise CheckpointError(
+            f"{str(meta_file)!r} has checkpoint format {meta['format']}, this sao reads <= {FORMAT_VERSION}"
+        )
+    actor_dir = path / "actor"
+    if not (actor_dir / "config.json").is_file():
+        raise CheckpointError(f"incomplete checkpoint: {str(actor_dir / 'config.json')!r} is missing")
+    critic_dir = path / "critic"
+    if meta.get("has_critic") and not (critic_dir / "config.json").is_file():
+        raise CheckpointError(f"incomplete checkpoint: {str(critic_dir / 'config.json')!r} is missing")
+    return LoadedCheckpoint(
+        path=path,
+        meta=meta,
+        trainer_state=_torch_load(path / "trainer_state.pt"),
+        rng=_torch_load(path / "rng.pt"),
+        actor_dir=actor_dir,
+        critic_dir=critic_dir if critic_dir.is_dir() else None,
+    )
+
+
+def resume_point(run_dir: str | Path) -> LoadedCheckpoint | None:
+    """The latest checkpoint of ``run_dir`` loaded, or None when it has none (a fresh run)."""
+    manager = CheckpointManager(run_dir)
+    path = manager.latest()
+    return None if path is None else manager.load(path)
+
+
+def _torch_load(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise CheckpointError(f"incomplete checkpoint: {str(file)!r} is missing")
+    try:
+        value = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises many types for a truncated or foreign file
+        raise CheckpointError(f"corrupt checkpoint file {str(file)!r}: {type(err).__name__}: {err}") from None
+    if not isinstance(value, dict):
+        raise CheckpointError(f"corrupt checkpoint file {str(file)!r}: expected a dict, got {type(value)}")
+    return value
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file, then every directory (deepest first), so the rename publishes durable data."""
+    dirs = []
+    for current, _, files in os.walk(root):
+        dirs.append(current)
+        for name in files:
+            fd = os.open(os.path.join(current, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    for directory in reversed(dirs):
+        _fsync_dir(Path(directory))
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
