@@ -355,5 +355,40 @@ def eval_command(
         typer.echo(f"wrote {write_report(report, out)}")
 
 
+@app.command("plot")
+def plot_command(
+    runs: Annotated[
+        list[str], typer.Argument(metavar="RUN_DIR...", help="Run directories (each with metrics.jsonl).")
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", help="PNG to write (default: FIRST_RUN_DIR/metrics.png).")
+    ] = None,
+    smooth: Annotated[int, typer.Option("--smooth", min=1, help="Smoothing window in points (1: none).")] = 1,
+    smoothing: Annotated[
+        str, typer.Option("--smoothing", help="mean (trailing moving average) or ema (span = --smooth).")
+    ] = "mean",
+) -> None:
+    """Plot the standard panels (reward, critic EV, critic grad norm, DIS masked fraction, policy lag,
+    throughput) of one or more runs into one PNG, runs overlaid."""
+    from sao.runtime.plots import plot_runs, resolve_metrics_file
+
+    if smoothing not in ("mean", "ema"):
+        raise _fail(f"error: --smoothing: must be 'mean' or 'ema', got {smoothing!r}")
+    for run in runs:
+        try:
+            resolve_metrics_file(run)
+        except FileNotFoundError as err:
+            raise _fail(f"error: RUN_DIR: {err}") from None
+    first = Path(runs[0])
+    target = Path(out) if out else (first.parent if first.is_file() else first) / "metrics.png"
+    if target.suffix.lower() != ".png":
+        raise _fail(f"error: --out: must end in .png, got {str(target)!r}")
+    try:
+        path = plot_runs(runs, target, window=smooth, kind=smoothing)  # type: ignore[arg-type]  # checked
+    except OSError as err:
+        raise _fail(f"error: cannot write {str(target)!r}: {err}", code=1) from None
+    typer.echo(f"wrote {path}")
+
+
 if __name__ == "__main__":
     app()

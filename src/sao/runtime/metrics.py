@@ -1,21 +1,90 @@
-"""Metric sinks: one JSON object per logged step, appended to ``RUN_DIR/metrics.jsonl``."""
+"""Metric sinks: where ``(step, {name: value})`` records go.
+
+Every sink satisfies the small :class:`MetricsSink` protocol (``log(step, metrics)``, ``close()``):
+
+- :class:`JsonlMetricsSink` appends one JSON object per logged step to ``RUN_DIR/metrics.jsonl``
+  (``sao plot`` reads it back);
+- :class:`TensorBoardSink` writes scalar events into ``RUN_DIR`` (``tensorboard --logdir runs/``);
+- :class:`WandbSink` forwards to Weights & Biases, only when ``wandb`` is installed and enabled;
+- :class:`MultiSink` fans one record out to several sinks; :func:`make_sinks` builds it from a
+  :class:`~sao.config.LoggingConfig`.
+
+Values may be Python numbers, bools, or one-element tensors/NumPy scalars; anything else (strings, lists,
+multi-element tensors) is skipped, never an error. Non-finite values: JSONL writes NaN as ``null`` and
+±inf as ±1e308 (JSON has no infinities); TensorBoard and W&B receive them as they are.
+
+Module import stays light (no torch): the TensorBoard writer and ``wandb`` are imported when a sink is
+built.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import os
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from torch import Tensor
+from sao.config import ConfigError
 
-__all__ = ["JsonlMetricsSink"]
+if TYPE_CHECKING:
+    from sao.config import LoggingConfig
+
+__all__ = [
+    "METRICS_FILE",
+    "JsonlMetricsSink",
+    "MetricsSink",
+    "MultiSink",
+    "TensorBoardSink",
+    "WandbSink",
+    "make_sinks",
+    "scalar_metrics",
+    "scalar_value",
+]
+
+METRICS_FILE = "metrics.jsonl"
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, Tensor):
-        value = value.item() if value.numel() == 1 else value.tolist()
+@runtime_checkable
+class MetricsSink(Protocol):
+    """Anything that takes ``(step, {name: value})`` records and can be closed."""
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def scalar_value(value: Any) -> int | float | None:
+    """``value`` as a Python int/float, or None when it is not a scalar (it is then skipped)."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)):
+        return value
+    # Tensors and NumPy scalars/arrays, duck-typed so that this module does not import torch.
+    numel = getattr(value, "numel", None)
+    size = numel() if callable(numel) else getattr(value, "size", None)
+    item = getattr(value, "item", None)
+    if size == 1 and callable(item):
+        plain = item()
+        if isinstance(plain, (bool, int, float)):
+            return scalar_value(plain)
+    return None
+
+
+def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, int | float]:
+    """The scalar entries of ``metrics`` as plain numbers; non-scalars dropped."""
+    out: dict[str, int | float] = {}
+    for name, value in metrics.items():
+        plain = scalar_value(value)
+        if plain is not None:
+            out[name] = plain
+    return out
+
+
+def _json_number(value: int | float) -> int | float | None:
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
     return value
@@ -29,9 +98,10 @@ class JsonlMetricsSink:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a", encoding="utf-8")
 
-    def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"step": step, "time": time.time(), **{k: _plain(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record) + "\n")
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        values = {k: _json_number(v) for k, v in scalar_metrics(metrics).items()}
+        record = {"step": step, "time": time.time(), **values}
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:
@@ -42,3 +112,116 @@ class JsonlMetricsSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TensorBoardSink:
+    """Scalar events in ``run_dir`` (one TensorBoard run per run directory); flushed every log."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._writer = SummaryWriter(log_dir=str(self.run_dir))
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        for name, value in scalar_metrics(metrics).items():
+            self._writer.add_scalar(name, float(value), global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    """Weights & Biases run; ``project`` defaults to ``$WANDB_PROJECT`` or ``sao``.
+
+    Raises :class:`~sao.config.ConfigError` (naming ``logging.wandb``) when ``wandb`` is not installed.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        run_name: str | None = None,
+        project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            wandb = importlib.import_module("wandb")
+        except ImportError:
+            raise ConfigError(
+                "logging.wandb: true, but the 'wandb' package is not installed "
+                "(pip install wandb, or set logging.wandb=false)"
+            ) from None
+        self._run = wandb.init(
+            project=project or os.environ.get("WANDB_PROJECT", "sao"),
+            name=run_name or Path(run_dir).name,
+            dir=str(run_dir),
+            config=dict(config) if config is not None else None,
+        )
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        self._run.log(scalar_metrics(metrics), step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MultiSink:
+    """Fans each record out to ``sinks``; logs only steps that are multiples of ``every``.
+
+    ``close()`` closes every sink even when one fails, then re-raises the first failure.
+    """
+
+    def __init__(self, sinks: Sequence[MetricsSink], every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self.sinks: tuple[MetricsSink, ...] = tuple(sinks)
+        self.every = every
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if step % self.every:
+            return
+        for sink in self.sinks:
+            sink.log(step, metrics)
+
+    def close(self) -> None:
+        first: BaseException | None = None
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as err:
+                first = first or err
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> MultiSink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_sinks(
+    logging_cfg: LoggingConfig,
+    run_dir: str | Path,
+    *,
+    run_name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> MultiSink:
+    """JSONL always (``run_dir/metrics.jsonl``), TensorBoard and W&B as ``logging_cfg`` enables them;
+    records are kept every ``logging_cfg.log_every`` steps. ``config`` (the resolved run config) goes to W&B.
+    """
+    run_dir = Path(run_dir)
+    sinks: list[MetricsSink] = []
+    try:
+        if logging_cfg.wandb:  # first: the one most likely to fail, before files are opened
+            sinks.append(WandbSink(run_dir, run_name=run_name, config=config))
+        sinks.append(JsonlMetricsSink(run_dir / METRICS_FILE))
+        if logging_cfg.tensorboard:
+            sinks.append(TensorBoardSink(run_dir))
+    except BaseException:
+        MultiSink(sinks).close()
+        raise
+    return MultiSink(sinks, every=logging_cfg.log_every)

@@ -1,0 +1,211 @@
+"""Standard training panels from ``RUN_DIR/metrics.jsonl``, several runs overlaid in one PNG (``sao plot``).
+
+Metric names the trainer should emit (first name found per run wins; a panel with none says "no data"):
+
+============================  =========================================================================
+panel                         metric names (fallbacks after the first)
+============================  =========================================================================
+reward                        ``reward/mean``, ``reward``
+critic explained variance     ``critic/explained_variance``, ``value_pretrain/explained_variance``
+critic grad norm              ``critic/grad_norm`` (before clipping)
+DIS masked fraction           ``dis/masked_frac``
+policy lag (tokens)           ``lag/token_mean``, ``lag/trajectory_mean``
+throughput                    ``throughput/trajectories_per_s``, ``throughput/tokens_per_s``
+============================  =========================================================================
+
+Each JSONL line is ``{"step": s, "time": t, name: value, ...}``; ``null`` (NaN) values and unparsable
+lines (a half-written last line of a live run) are skipped. Drawing uses matplotlib's object API with the
+Agg canvas (no pyplot, no display, no global backend switch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from sao.runtime.metrics import METRICS_FILE
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = [
+    "PANELS",
+    "Panel",
+    "Series",
+    "build_figure",
+    "plot_runs",
+    "read_metrics",
+    "resolve_metrics_file",
+    "smooth",
+]
+
+Series = tuple[list[float], list[float]]  # (steps, values)
+Smoothing = Literal["mean", "ema"]
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    metrics: tuple[str, ...]  # candidates, first found wins
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("reward (mean)", ("reward/mean", "reward")),
+    Panel("critic explained variance", ("critic/explained_variance", "value_pretrain/explained_variance")),
+    Panel("critic grad norm", ("critic/grad_norm",)),
+    Panel("DIS masked fraction", ("dis/masked_frac",)),
+    Panel("policy lag (mean, tokens)", ("lag/token_mean", "lag/trajectory_mean")),
+    Panel("throughput", ("throughput/trajectories_per_s", "throughput/tokens_per_s")),
+)
+
+
+def resolve_metrics_file(run: str | Path) -> Path:
+    """``run/metrics.jsonl`` (or ``run`` itself when it is a ``.jsonl`` file).
+
+    Raises FileNotFoundError with a message naming what is missing.
+    """
+    path = Path(run)
+    if path.is_file() and path.suffix == ".jsonl":
+        return path
+    if not path.exists():
+        raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} is neither a run directory nor a .jsonl file")
+    metrics = path / METRICS_FILE
+    if not metrics.is_file():
+        raise FileNotFoundError(f"run directory {str(path)!r} has no {METRICS_FILE}")
+    return metrics
+
+
+def read_metrics(path: str | Path) -> dict[str, Series]:
+    """Every numeric metric of a metrics JSONL file: name -> (steps, values), in file order."""
+    series: dict[str, Series] = {}
+    with Path(path).open(encoding="utf-8") as lines:
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            step = record.get("step") if isinstance(record, dict) else None
+            if not isinstance(step, (int, float)):
+                continue
+            for name, value in record.items():
+                if name in ("step", "time") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                if math.isfinite(value):
+                    steps, values = series.setdefault(name, ([], []))
+                    steps.append(float(step))
+                    values.append(float(value))
+    return series
+
+
+def smooth(values: Sequence[float], window: int, kind: Smoothing = "mean") -> list[float]:
+    """Trailing moving average over ``window`` points, or an EMA with span ``window``
+    (alpha = 2 / (window + 1)); ``window <= 1`` returns the values unchanged. Same length as ``values``."""
+    if window <= 1 or not values:
+        return list(values)
+    if kind == "ema":
+        alpha, out, acc = 2.0 / (window + 1), [], values[0]
+        for v in values:
+            acc = alpha * v + (1 - alpha) * acc
+            out.append(acc)
+        return out
+    if kind != "mean":
+        raise ValueError(f"smoothing kind must be 'mean' or 'ema', got {kind!r}")
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _run_label(run: Path) -> str:
+    return run.parent.name if run.suffix == ".jsonl" and run.is_file() else run.name or str(run)
+
+
+def _pick_metrics(panel: Panel, data: Sequence[tuple[str, dict[str, Series]]]) -> list[str | None]:
+    """Per run, the panel metric to draw: candidates that more runs share come first (then panel order),
+    so that runs are compared on one metric whenever they have one in common."""
+    shared = sorted(panel.metrics, key=lambda m: -sum(m in series for _, series in data))
+    return [next((m for m in shared if m in series), None) for _, series in data]
+
+
+def build_figure(
+    runs: Sequence[str | Path],
+    *,
+    window: int = 1,
+    kind: Smoothing = "mean",
+    panels: Sequence[Panel] = PANELS,
+) -> Figure:
+    """The panels of ``runs`` (legend: run directory name) as a matplotlib Figure (Agg canvas).
+
+    A panel whose runs use different fallback metrics draws the second one dashed on a right-hand axis.
+    Raises FileNotFoundError (see :func:`resolve_metrics_file`) before drawing anything.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    data = [(_run_label(Path(run)), read_metrics(resolve_metrics_file(run))) for run in runs]
+    ncols = 3
+    nrows = math.ceil(len(panels) / ncols)
+    fig = Figure(figsize=(5.5 * ncols, 3.8 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    handles: dict[str, Any] = {}
+    for ax, panel in zip(axes, panels, strict=False):
+        names = _pick_metrics(panel, data)
+        used = list(dict.fromkeys(n for n in names if n is not None))
+        targets = {name: ax if j == 0 else ax.twinx() for j, name in enumerate(used)}
+        for i, ((label, series), name) in enumerate(zip(data, names, strict=True)):
+            if name is None:
+                continue
+            steps, values = series[name]
+            style = "-" if targets[name] is ax else "--"
+            (line,) = targets[name].plot(steps, smooth(values, window, kind), style, color=f"C{i}", lw=1.4)
+            handles.setdefault(label, line)
+        for name, target in targets.items():
+            target.set_ylabel(name if target is ax else f"{name} (dashed)", fontsize=8)
+        ax.set_title(panel.title)
+        ax.set_xlabel("step")
+        if used:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.grid(alpha=0.3)
+        else:
+            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_ylabel(" / ".join(panel.metrics), fontsize=7, color="gray")
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    if handles:
+        title = f"smoothing: {kind}, window {window}" if window > 1 else None
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="outside upper center",
+            ncols=min(len(handles), 6),
+            title=title,
+            title_fontsize=8,
+        )
+    return fig
+
+
+def plot_runs(
+    runs: Sequence[str | Path],
+    out: str | Path,
+    *,
+    window: int = 1,
+    kind: Smoothing = "mean",
+    panels: Sequence[Panel] = PANELS,
+) -> Path:
+    """:func:`build_figure` saved as the PNG ``out`` (parent directories created); returns its path."""
+    fig = build_figure(runs, window=window, kind=kind, panels=panels)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100, format="png")
+    return out

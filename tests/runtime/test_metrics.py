@@ -1,0 +1,224 @@
+"""Metric sinks: JSONL and TensorBoard round trips, fan-out, non-finite/non-scalar values, make_sinks,
+and the W&B sink (with and without the package); the non-terminal progress display."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from rich.console import Console
+
+from sao.config import ConfigError, LoggingConfig
+from sao.runtime.metrics import (
+    JsonlMetricsSink,
+    MetricsSink,
+    MultiSink,
+    TensorBoardSink,
+    WandbSink,
+    make_sinks,
+    scalar_value,
+)
+from sao.runtime.progress import TrainingProgress, format_duration
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _tb_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+class RecordingSink:
+    def __init__(self, fail_close: bool = False) -> None:
+        self.records: list[tuple[int, dict[str, Any]]] = []
+        self.closed = False
+        self.fail_close = fail_close
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.records.append((step, dict(metrics)))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.fail_close:
+            raise OSError("disk gone")
+
+
+def test_jsonl_round_trip_keeps_values_and_converts_tensors(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    with JsonlMetricsSink(path) as sink:
+        sink.log(1, {"reward/mean": 0.25, "count": 3, "t": torch.tensor(1.5), "n": np.float32(2.0)})
+        sink.log(2, {"reward/mean": -1.0})
+    records = _jsonl(path)
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["reward/mean"] == 0.25 and records[0]["count"] == 3
+    assert records[0]["t"] == 1.5 and records[0]["n"] == 2.0
+    assert records[1]["reward/mean"] == -1.0 and "time" in records[1]
+
+
+def test_jsonl_writes_nan_as_null_and_skips_non_scalars(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    with JsonlMetricsSink(path) as sink:
+        sink.log(
+            0,
+            {
+                "nan": float("nan"),
+                "inf": float("inf"),
+                "ok": 1.0,
+                "vec": torch.ones(3),
+                "text": "hello",
+                "lst": [1, 2],
+                "obj": object(),
+            },
+        )
+    line = path.read_text()
+    assert "NaN" not in line and "Infinity" not in line  # strict JSON
+    (record,) = _jsonl(path)
+    assert record["nan"] is None and record["inf"] == 1e308 and record["ok"] == 1.0
+    assert not {"vec", "text", "lst", "obj"} & record.keys()
+
+
+def test_scalar_value_accepts_one_element_tensors_only() -> None:
+    assert scalar_value(torch.tensor([2.5])) == 2.5
+    assert scalar_value(True) == 1
+    assert scalar_value(torch.zeros(2)) is None
+    assert scalar_value(np.array([1.0, 2.0])) is None
+    assert scalar_value("1.0") is None
+
+
+def test_tensorboard_round_trip_reads_back_equal_values(tmp_path: Path) -> None:
+    sink = TensorBoardSink(tmp_path)
+    for step, value in [(1, 0.5), (2, 0.75), (3, -2.0)]:
+        sink.log(step, {"reward/mean": value, "critic/grad_norm": torch.tensor(value * 2), "vec": [1, 2]})
+    sink.log(4, {"reward/mean": float("nan")})
+    sink.close()
+    scalars = _tb_scalars(tmp_path)
+    assert set(scalars) == {"reward/mean", "critic/grad_norm"}
+    assert scalars["reward/mean"][:3] == [(1, 0.5), (2, 0.75), (3, -2.0)]
+    assert scalars["critic/grad_norm"] == [(1, 1.0), (2, 1.5), (3, -4.0)]
+    assert scalars["reward/mean"][3][0] == 4 and math.isnan(scalars["reward/mean"][3][1])
+
+
+def test_multisink_fans_out_every_record_and_respects_every() -> None:
+    a, b = RecordingSink(), RecordingSink()
+    multi = MultiSink([a, b], every=2)
+    for step in range(1, 6):
+        multi.log(step, {"x": float(step)})
+    assert a.records == b.records == [(2, {"x": 2.0}), (4, {"x": 4.0})]
+    assert isinstance(multi, MetricsSink) and isinstance(a, MetricsSink)
+
+
+def test_multisink_close_closes_all_then_raises_first_error() -> None:
+    a, b = RecordingSink(fail_close=True), RecordingSink()
+    with pytest.raises(OSError, match="disk gone"):
+        MultiSink([a, b]).close()
+    assert a.closed and b.closed
+
+
+def test_make_sinks_builds_jsonl_and_tensorboard_from_logging_config(tmp_path: Path) -> None:
+    with make_sinks(LoggingConfig(tensorboard=True, log_every=1), tmp_path) as sinks:
+        assert [type(s) for s in sinks.sinks] == [JsonlMetricsSink, TensorBoardSink]
+        sinks.log(7, {"reward/mean": 0.125})
+    assert _jsonl(tmp_path / "metrics.jsonl")[0]["reward/mean"] == 0.125
+    assert _tb_scalars(tmp_path)["reward/mean"] == [(7, 0.125)]
+
+
+def test_make_sinks_without_tensorboard_applies_log_every(tmp_path: Path) -> None:
+    with make_sinks(LoggingConfig(tensorboard=False, log_every=3), tmp_path) as sinks:
+        assert [type(s) for s in sinks.sinks] == [JsonlMetricsSink]
+        for step in range(1, 7):
+            sinks.log(step, {"x": 1.0})
+    assert [r["step"] for r in _jsonl(tmp_path / "metrics.jsonl")] == [3, 6]
+
+
+def test_wandb_enabled_but_missing_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError
+    with pytest.raises(ConfigError, match=r"logging\.wandb.*not installed"):
+        make_sinks(LoggingConfig(wandb=True, tensorboard=False), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_wandb_sink_forwards_scalars_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, Any]] = []
+
+    class FakeRun:
+        def log(self, data: dict[str, Any], step: int) -> None:
+            calls.append(("log", (step, data)))
+
+        def finish(self) -> None:
+            calls.append(("finish", None))
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeRun()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with make_sinks(LoggingConfig(wandb=True, tensorboard=False), tmp_path / "run1") as sinks:
+        assert isinstance(sinks.sinks[0], WandbSink)
+        sinks.log(1, {"reward/mean": torch.tensor(0.5), "vec": torch.ones(2)})
+    assert calls[0][0] == "init" and calls[0][1]["name"] == "run1"
+    assert calls[1:] == [("log", (1, {"reward/mean": 0.5})), ("finish", None)]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_prints_plain_lines_with_step_reward_lag_and_eta_when_not_a_tty() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    console = Console(file=out, width=200)
+    assert not console.is_terminal
+    with TrainingProgress(4, columns=["critic/explained_variance"], console=console, clock=clock) as bar:
+        for step in range(1, 5):
+            clock.now += 2.0
+            bar.update(
+                step,
+                {"reward/mean": 0.25 * step, "lag/token_mean": 0.5, "critic/explained_variance": 0.1},
+                trajectories=8,
+            )
+    lines = out.getvalue().splitlines()
+    # 10 s interval, 2 s per step: the first step, then the final one only.
+    assert len(lines) == 2
+    assert lines[0].startswith("step 1/4 | reward 0.25 | traj/s 4 | lag 0.5 | eta 6s")
+    assert "critic/explained_variance 0.1" in lines[0]
+    assert lines[1].startswith("step 4/4 | reward 1 | ")
+    assert "eta 0s" in lines[1]
+
+
+def test_progress_prints_the_final_state_on_exit_when_it_fell_between_lines() -> None:
+    out = io.StringIO()
+    with TrainingProgress(10, console=Console(file=out, width=200), plain_interval_s=1e9) as bar:
+        bar.update(1, {"reward/mean": 0.0})
+        bar.update(3, {"reward/mean": 1.5, "vec": [1, 2]})
+    lines = out.getvalue().splitlines()
+    assert [line.split(" | ")[0] for line in lines] == ["step 1/10", "step 3/10"]
+    assert "reward 1.5" in lines[1]
+
+
+def test_progress_live_mode_stops_rich_refresh_thread_on_exit() -> None:
+    out = io.StringIO()
+    bar = TrainingProgress(5, console=Console(file=out, width=120, force_terminal=True))
+    with bar:
+        bar.update(2, {"reward/mean": 0.5})
+        live = bar._live
+        assert live is not None and live.is_started
+    assert bar._live is None and not live.is_started
+    assert "2/5" in out.getvalue()
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (None, 5, 65, 3725)] == ["-", "5s", "1m05s", "1h02m05s"]
