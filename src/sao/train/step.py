@@ -1,0 +1,353 @@
+"""The RL training step (SPEC §2.3): K critic updates on fixed targets, then one actor update.
+
+Owns: the actor and critic AdamW optimizers (trainable parameters only), their lr schedules, the critic
+warm-up, gradient clipping, micro-batching with whole-batch normalisation, and the advantage estimator's
+persistent state; `Trainer.state_dict` covers all of these (not the model weights, which the checkpoint
+module saves). Does not own: rollouts, weight sync to the engine, checkpoints on disk, metric sinks.
+
+One `Trainer.train_step` on a batch:
+
+1. critic values V (no grad) and critic targets with λ_critic (the registry's ``returns``);
+2. ``algo.k_critic`` critic optimizer steps on that batch, targets fixed;
+3. V recomputed with the updated critic (``critic.recompute_values``);
+4. policy advantages by the preset's estimator (policy λ, length-adaptive);
+5. one actor optimizer step: ``dis`` against the rollout log-probs, or ``ppo_clip`` against π_old from a
+   no-grad forward before the update; plus ``nll_coef`` × the positive-example NLL (VAPO).
+
+Critic-free presets skip 1–3. During the first ``critic.warmup_steps`` steps only 1–3 run.
+
+SPO's divergence D per trajectory (our reading): mean |log π_θ − log π_rollout| over its action tokens,
+with π_θ the policy *before* this update, i.e. π_old. It is taken from the old-log-prob forward when the
+loss needs one; otherwise from the actor's own training forward (which runs before the update), and the
+tracker is updated after that forward from the state it had before the batch, so no extra forward runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from sao.algos import (
+    AdvantageInputs,
+    AdvantageParams,
+    AdvantageResult,
+    compute_advantages,
+    explained_variance,
+    get_policy_loss,
+    make_advantage_state,
+    positive_nll_loss,
+    value_loss,
+)
+from sao.algos.packed import segment_count, segment_sum
+from sao.config import RunConfig
+from sao.models.forward import token_logprobs, token_values
+from sao.models.freezing import apply_freeze, trainable_parameters
+from sao.types import Batch
+
+from .step_metrics import batch_metrics
+from .step_schedule import actor_lr_factor, critic_lr_factor
+
+__all__ = ["Trainer"]
+
+
+class _Accumulator:
+    """Weighted means of 0-d metric tensors over micro-batches (weights: action tokens)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, Tensor], weight: float) -> None:
+        for name, value in metrics.items():
+            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+            self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] if self.weights[k] else 0.0 for k in self.sums}
+
+
+def _token_slices(parts: list[Batch]) -> list[slice]:
+    """The packed token range of each micro-batch (`Batch.split` keeps whole trajectories, in order)."""
+    slices, start = [], 0
+    for part in parts:
+        slices.append(slice(start, start + part.num_tokens))
+        start += part.num_tokens
+    return slices
+
+
+class Trainer:
+    """Actor (+ critic) optimization for one run config; see the module docstring for the step.
+
+    ``critic`` may be None only for critic-free presets. The critic's freezing rule is (re)applied from
+    ``cfg.critic.freeze`` (a value-pretrained critic may have trained all parameters).
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module | None, cfg: RunConfig) -> None:
+        algo = cfg.algo
+        if algo.uses_critic and critic is None:
+            raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
+        self.actor, self.critic, self.cfg = actor, critic, cfg
+        self.device = next(actor.parameters()).device
+        self.temperature = cfg.engine.temperature if cfg.engine.temperature > 0 else 1.0
+        self.params = AdvantageParams.from_config(algo)
+        self.adv_state = make_advantage_state(algo.advantage, self.params)
+        self.loss = get_policy_loss(algo.policy_loss)
+        self.uses_critic = algo.uses_critic
+        tr = cfg.trainer
+        self.actor_params = trainable_parameters(actor)
+        self.actor_optim = torch.optim.AdamW(self.actor_params, lr=tr.lr, weight_decay=tr.weight_decay)
+        self.actor_sched = torch.optim.lr_scheduler.LambdaLR(
+            self.actor_optim, actor_lr_factor(tr.lr_schedule, tr.warmup_steps, tr.total_steps)
+        )
+        self.critic_params: list[nn.Parameter] = []
+        self.critic_optim = self.critic_sched = None
+        if self.uses_critic:
+            assert critic is not None
+            apply_freeze(getattr(critic, "model", critic), cfg.critic.freeze)
+            self.critic_params = trainable_parameters(critic)
+            self.critic_optim = torch.optim.AdamW(
+                self.critic_params, lr=cfg.critic.lr, weight_decay=tr.weight_decay
+            )
+            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
+                self.critic_optim, critic_lr_factor(cfg.critic.lr_warmup_steps)
+            )
+        self.step = 0  # train_step calls
+        self.actor_steps = 0
+        self.critic_steps = 0
+        self.old_logprob_forwards = 0
+        self.trained_tokens = 0
+
+    # ---- state -------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizers, schedulers, counters and the advantage-estimator state (not the model weights)."""
+        return {
+            "step": self.step,
+            "actor_steps": self.actor_steps,
+            "critic_steps": self.critic_steps,
+            "trained_tokens": self.trained_tokens,
+            "actor_optim": self.actor_optim.state_dict(),
+            "actor_sched": self.actor_sched.state_dict(),
+            "critic_optim": self.critic_optim.state_dict() if self.critic_optim else None,
+            "critic_sched": self.critic_sched.state_dict() if self.critic_sched else None,
+            "adv_state": copy.deepcopy(self.adv_state.state_dict()) if self.adv_state is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["critic_optim"] is None) != (self.critic_optim is None):
+            raise ValueError("trainer state and this trainer disagree on whether there is a critic")
+        self.step, self.actor_steps = state["step"], state["actor_steps"]
+        self.critic_steps, self.trained_tokens = state["critic_steps"], state["trained_tokens"]
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.actor_sched.load_state_dict(state["actor_sched"])
+        if self.critic_optim is not None and self.critic_sched is not None:
+            self.critic_optim.load_state_dict(state["critic_optim"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        if self.adv_state is not None:
+            self.adv_state.load_state_dict(copy.deepcopy(state["adv_state"]))
+
+    @property
+    def critic_warming_up(self) -> bool:
+        """True while the actor waits for the critic (``critic.warmup_steps`` trainer steps)."""
+        return self.uses_critic and self.step < self.cfg.critic.warmup_steps
+
+    # ---- the step ----------------------------------------------------------------------------------
+
+    def train_step(self, batch: Batch, *, policy_version: int) -> dict[str, float]:
+        """One trainer step on ``batch`` (SPEC §2.3); returns float metrics (SPEC §5)."""
+        batch = batch.to(self.device)
+        parts = batch.split(self.cfg.trainer.micro_batch_tokens)
+        metrics = batch_metrics(batch, policy_version)
+        values = result = None
+        if self.uses_critic:
+            values, result, critic_metrics = self._critic_phase(batch, parts)
+            metrics.update(critic_metrics)
+        actor_trains = not self.critic_warming_up
+        if actor_trains:
+            metrics.update(self._actor_phase(batch, parts, values, result))
+            self.actor_sched.step()
+            self.actor_steps += 1
+            self.trained_tokens += int(batch.action_mask.sum())
+        if self.critic_sched is not None:
+            self.critic_sched.step()
+        self.step += 1
+        metrics["trainer/actor_updated"] = float(actor_trains)
+        metrics["trainer/step"] = float(self.step)
+        metrics["trainer/actor_steps"] = float(self.actor_steps)
+        metrics["trainer/critic_steps"] = float(self.critic_steps)
+        metrics["trainer/trained_tokens"] = float(batch.action_mask.sum()) if actor_trains else 0.0
+        metrics["trainer/trained_tokens_total"] = float(self.trained_tokens)
+        return metrics
+
+    def _advantages(
+        self, batch: Batch, values: Tensor | None, divergence: Tensor | None = None
+    ) -> AdvantageResult:
+        inputs = AdvantageInputs(
+            token_rewards=batch.token_rewards,
+            action_mask=batch.action_mask,
+            cu_seqlens=batch.cu_seqlens,
+            values=None if values is None else values.float(),
+            outcome_rewards=batch.outcome_rewards,
+            prompt_ids=batch.prompt_ids,
+            group_ids=batch.group_ids,
+            divergence=divergence,
+            turn_ids=batch.turn_ids,
+        )
+        return compute_advantages(self.cfg.algo.advantage, inputs, self.params, self.adv_state)
+
+    @torch.no_grad()
+    def _values(self, parts: list[Batch]) -> Tensor:
+        assert self.critic is not None
+        return torch.cat([token_values(self.critic, part).float() for part in parts])
+
+    def _critic_phase(
+        self, batch: Batch, parts: list[Batch]
+    ) -> tuple[Tensor, AdvantageResult, dict[str, float]]:
+        """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic."""
+        assert self.critic is not None and self.critic_optim is not None
+        ccfg = self.cfg.critic
+        old_values = self._values(parts)
+        targets = self._advantages(batch, old_values)
+        assert targets.returns is not None
+        returns = targets.returns.detach()
+        mask = (batch.action_mask if targets.value_mask is None else targets.value_mask).bool()
+        metrics = {"critic/explained_variance": explained_variance(old_values, returns, mask)}
+        denominator = max(float(mask.sum()), 1.0)
+        slices = _token_slices(parts)
+        losses, norms = [], []
+        for _ in range(self.cfg.algo.k_critic):
+            self.critic_optim.zero_grad(set_to_none=True)
+            total = 0.0
+            for part, sl in zip(parts, slices, strict=True):
+                v = token_values(self.critic, part).float()
+                loss, _ = value_loss(
+                    v, returns[sl], mask[sl], old_values[sl], ccfg.value_clip, denominator=denominator
+                )
+                loss.backward()
+                total += float(loss.detach())
+            norms.append(float(torch.nn.utils.clip_grad_norm_(self.critic_params, ccfg.grad_clip)))
+            self.critic_optim.step()
+            self.critic_steps += 1
+            losses.append(total)
+        metrics.update(
+            {
+                "critic/value_loss": losses[0],
+                "critic/value_loss_last": losses[-1],
+                "critic/grad_norm": sum(norms) / len(norms),
+                "critic/grad_norm_max": max(norms),
+                "critic/lr": self.critic_optim.param_groups[0]["lr"],
+                "critic/value_mean": float(old_values[mask].mean()) if mask.any() else 0.0,
+                "critic/return_mean": float(returns[mask].mean()) if mask.any() else 0.0,
+            }
+        )
+        values = old_values
+        if ccfg.recompute_values:
+            values = self._values(parts)
+            metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
+        return values, targets, metrics
+
+    def _actor_phase(
+        self, batch: Batch, parts: list[Batch], values: Tensor | None, targets: AdvantageResult | None
+    ) -> dict[str, float]:
+        """Steps 4–5: policy advantages and one actor optimizer step over the micro-batches."""
+        algo = self.cfg.algo
+        action = batch.action_mask.bool()
+        old_logprobs = None
+        if algo.needs_old_logprobs:
+            with torch.no_grad():
+                old_logprobs = torch.cat([self._logprobs(part, False)[0] for part in parts])
+            self.old_logprob_forwards += 1
+        is_spo = algo.advantage == "spo"
+        divergence = None
+        if is_spo and old_logprobs is not None:
+            divergence = self._divergence(batch, old_logprobs)
+        spo_state_before = copy.deepcopy(self.adv_state) if is_spo and divergence is None else None
+        if values is not None and targets is not None and not self.cfg.critic.recompute_values:
+            result = targets  # the values did not change: the targets' advantages are the policy's
+        else:
+            result = self._advantages(batch, values, divergence)
+        advantages = result.advantages.detach()
+        reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
+        assert reference is not None
+        positive = (batch.outcome_rewards > 0)[batch.seq_ids]
+        agg = algo.loss_agg
+        den = self._denominator(batch, action, agg)
+        pos_den = self._denominator(batch, action & positive, agg)
+        n_total = float(action.sum())
+        acc = _Accumulator()
+        fresh_logprobs = []
+        self.actor_optim.zero_grad(set_to_none=True)
+        for part, sl in zip(parts, _token_slices(parts), strict=True):
+            lp, entropy = self._logprobs(part, True)
+            mask = part.action_mask
+            loss, loss_metrics = self.loss.fn(
+                lp,
+                reference[sl],
+                advantages[sl],
+                mask,
+                algo.eps_low,
+                algo.eps_high,
+                agg,
+                part.cu_seqlens,
+                denominator=den,
+            )
+            loss_metrics = dict(loss_metrics)
+            if algo.nll_coef > 0:
+                nll, nll_metrics = positive_nll_loss(
+                    lp, mask, positive[sl], agg, part.cu_seqlens, denominator=pos_den
+                )
+                loss = loss + algo.nll_coef * nll
+                loss_metrics.update(nll_metrics)
+            loss.backward()
+            fresh_logprobs.append(lp.detach())
+            n_action = float(mask.sum())
+            # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
+            scale = n_total / max(n_action, 1.0)
+            if algo.nll_coef > 0:
+                loss_metrics["nll/loss"] = nll.detach() * scale
+            assert entropy is not None
+            loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
+            loss_metrics["actor/loss"] = loss.detach() * scale
+            acc.add(loss_metrics, n_action)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.actor_params, self.cfg.trainer.grad_clip))
+        lr = self.actor_optim.param_groups[0]["lr"]
+        self.actor_optim.step()
+        if spo_state_before is not None:
+            # Redo the tracker update with D from the pre-update forward (same advantages: they use the
+            # state before the batch), starting from the state before the batch.
+            self.adv_state = spo_state_before
+            divergence = self._divergence(batch, torch.cat(fresh_logprobs))
+            self._advantages(batch, values, divergence)
+        metrics = acc.means()
+        metrics.update({k: float(v) for k, v in result.metrics.items()})
+        metrics.update(
+            {
+                "actor/grad_norm": grad_norm,
+                "actor/lr": lr,
+                "actor/old_logprob_forward": float(old_logprobs is not None),
+            }
+        )
+        if divergence is not None:
+            metrics["spo/divergence_mean"] = float(divergence.mean())
+        return metrics
+
+    def _logprobs(self, part: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        return token_logprobs(self.actor, part, temperature=self.temperature, with_entropy=with_entropy)
+
+    @staticmethod
+    def _denominator(batch: Batch, mask: Tensor, agg: str) -> float:
+        """Whole-batch count the aggregation divides by: masked tokens, or trajectories with one."""
+        if agg == "token-mean":
+            return max(float(mask.sum()), 1.0)
+        return max(float((segment_count(mask, batch.seq_ids, batch.num_sequences) > 0).sum()), 1.0)
+
+    @staticmethod
+    def _divergence(batch: Batch, logprobs: Tensor) -> Tensor:
+        """``(B,)`` mean |log π − log π_rollout| over each trajectory's action tokens (SPO's D)."""
+        action = batch.action_mask.bool()
+        diff = torch.where(action, (logprobs - batch.rollout_logprobs).abs(), torch.zeros_like(logprobs))
+        counts = segment_count(action, batch.seq_ids, batch.num_sequences).clamp(min=1)
+        return segment_sum(diff, batch.seq_ids, batch.num_sequences) / counts

@@ -1,0 +1,50 @@
+"""Learning-rate multipliers of the RL trainer (actor and critic), as plain ``step -> factor`` functions.
+
+They are wrapped in ``torch.optim.lr_scheduler.LambdaLR`` by `sao.train.step.Trainer`, whose state_dict
+keeps the step count (the functions themselves are stateless, so a restored scheduler resumes exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Literal
+
+__all__ = ["actor_lr_factor", "critic_lr_factor"]
+
+
+def actor_lr_factor(
+    schedule: Literal["constant", "cosine", "linear"], warmup_steps: int, total_steps: int
+) -> Callable[[int], float]:
+    """Multiplier of the actor lr after ``step`` actor optimizer steps.
+
+    Linear warm-up ``(step + 1) / warmup_steps`` for the first ``warmup_steps`` steps, then ``constant`` (1),
+    ``cosine`` (½(1 + cos πp)) or ``linear`` (1 − p) decay, with ``p`` the fraction of the post-warm-up
+    budget ``total_steps − warmup_steps`` used (clamped to [0, 1]: the decayed schedules reach 0 at
+    ``total_steps`` and stay there).
+    """
+    if schedule not in ("constant", "cosine", "linear"):
+        raise ValueError(f"lr_schedule must be 'constant', 'cosine' or 'linear', got {schedule!r}")
+
+    def factor(step: int) -> float:
+        if warmup_steps and step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, max(0.0, (step - warmup_steps) / max(1, total_steps - warmup_steps)))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return factor
+
+
+def critic_lr_factor(warmup_steps: int) -> Callable[[int], float]:
+    """Multiplier of the critic lr after ``step`` trainer steps: linear warm-up over ``warmup_steps`` trainer
+    steps (one reading of the paper's "10-step warmup", SPEC §2.3), then 1. The K critic optimizer steps of
+    one trainer step share one lr."""
+
+    def factor(step: int) -> float:
+        return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
+
+    return factor
