@@ -390,5 +390,34 @@ def plot_command(
     typer.echo(f"wrote {path}")
 
 
+@app.command("train")
+def train_command(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[CONFIG.yaml] [KEY=VALUE]...", help="Config file, then dotted overrides."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in logging.run_dir.")
+    ] = False,
+) -> None:
+    """Asynchronous RL training (or sync with runtime.mode=sync): engine, producer, trainer in one process."""
+    path, overrides = _split_config_args(args or [])
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as err:
+        raise _fail(f"error: {err}") from None
+    from sao.runtime.runner import train_sync_entry
+
+    _quiet_transformers()
+    try:
+        result = train_sync_entry(cfg, resume=resume)
+    except (OSError, ValueError) as err:
+        raise _fail(f"error: {err}", code=1) from None
+    typer.echo(
+        f"trained {result.steps} steps (policy version {result.policy_version}); run dir {result.run_dir}; "
+        f"trajectories {result.counters}"
+    )
+
+
 if __name__ == "__main__":
     app()
