@@ -4,6 +4,7 @@ from sao.envs import (
     calculator,  # noqa: F401
     code_tests,  # noqa: F401
     guess_number,  # noqa: F401
+    long_tail,  # noqa: F401
     math_tir,  # noqa: F401
     style_shift,  # noqa: F401
 )
