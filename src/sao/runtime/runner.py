@@ -181,7 +181,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                     groups.append(await queue.get())
                 wait_s = time.monotonic() - t0
                 waited += wait_s
-                trajs = [t for g in groups for t in g]
+                # Episode order (seed = run seed + episode index), not arrival order: the batch, and so the
+                # step, does not depend on which episode happened to finish first.
+                trajs = sorted((t for g in groups for t in g), key=lambda t: t.metadata.get("seed") or 0)
                 batch = Batch.from_trajectories(trajs)
                 t1 = time.monotonic()
                 metrics = await asyncio.to_thread(trainer.train_step, batch, policy_version=version)
