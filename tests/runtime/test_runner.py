@@ -74,3 +74,11 @@ def test_sync_and_async_with_one_episode_in_flight_and_no_staleness_train_the_sa
     # to ~5e-7), which Adam can turn into ~1e-5 weight differences; one Adam step at lr 1e-3 moves ~1e-3.
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         torch.testing.assert_close(pa, pb, rtol=0, atol=2e-5, msg=name)
+
+
+def test_checkpointed_actor_is_a_complete_checkpoint_with_its_tokenizer(tmp_path):
+    from sao.models.loading import load_tokenizer
+
+    train_sync_entry(_cfg(tmp_path / "run", "trainer.total_steps=1", "critic.pretrain.enabled=false"))
+    tok = load_tokenizer(tmp_path / "run" / "checkpoints" / "step_00000001" / "actor")
+    assert tok.eos_token == "<|im_end|>"

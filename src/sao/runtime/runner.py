@@ -217,7 +217,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
                 if trainer.step % every == 0 or trainer.step == cfg.trainer.total_steps:
                     # Queued trajectories are not in the checkpoint: count them as dropped on resume.
                     ckpts.save(
-                        trainer.step, actor=actor, critic=critic,
+                        trainer.step, actor=actor, critic=critic, tokenizer=tokenizer,
                         trainer_state=trainer.state_dict(), policy_version=version,
                         data_position={"sampler": sampler.state_dict()},
                         counters={"staleness": staleness.state_dict(), "producer": dict(producer.counters)},

@@ -148,6 +148,7 @@ class CheckpointManager:
         *,
         actor: Any,
         critic: Any | None = None,
+        tokenizer: Any | None = None,
         trainer_state: Mapping[str, Any],
         policy_version: int | None = None,
         data_position: Mapping[str, Any] | None = None,
@@ -157,8 +158,10 @@ class CheckpointManager:
     ) -> Path:
         """Write checkpoint ``step`` atomically, point ``latest`` at it, prune; returns its directory.
 
-        ``actor`` / ``critic`` need ``save_pretrained(dir)``. ``trainer_state`` goes to ``torch.save``
-        (keep it to tensors, numbers, strings, lists, dicts: it is loaded with ``weights_only=True``).
+        ``actor`` / ``critic`` need ``save_pretrained(dir)``; a ``tokenizer`` is saved beside the actor so
+        ``actor/`` is a complete checkpoint (``sao eval --model .../actor``). ``trainer_state`` goes to
+        ``torch.save`` (keep it to tensors, numbers, strings, lists, dicts: it is loaded with
+        ``weights_only=True``).
         ``data_position`` (sampler cursor/epoch/seed), ``counters`` (produced/trained/dropped …),
         ``config`` and ``extra`` go to ``meta.json`` and must be JSON-serialisable. If anything fails,
         no checkpoint directory appears and ``latest`` is unchanged.
@@ -186,6 +189,8 @@ class CheckpointManager:
         target = self.root / f"step_{step:08d}"
         with atomic_dir(target) as stage:
             actor.save_pretrained(stage / "actor")
+            if tokenizer is not None:
+                tokenizer.save_pretrained(stage / "actor")
             if critic is not None:
                 critic.save_pretrained(stage / "critic")
             torch.save(dict(trainer_state), stage / "trainer_state.pt")
