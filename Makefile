@@ -26,20 +26,23 @@ sandbox-deps:
 			>/dev/null 2>&1 || echo "note: could not install bubblewrap; sandboxed code gets a weaker mode"; \
 	else echo "note: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) for the strongest sandbox"; fi
 
-# Until the training loop lands, the main job is what runs end to end today: the presets, the resolved
-# quickstart config, the advantage estimator on a paper-sized batch against the reference loop, a tiny
-# Qwen3-MoE's SFT warm start on calculator-tool conversations, and its evaluation in the calculator env.
-DEMO_DIR ?= runs/demo
+# The CPU quickstart (about 5 minutes on 2 cores): build a ~2M-parameter Qwen3-MoE, warm-start it by SFT on
+# calculator-tool conversations, measure it on held-out tasks, train it with asynchronous SAO (critic
+# pretrained on rollouts first), measure again, and print the before/after table; plots in the run dir.
+QS ?= runs/quickstart
+QS_EVAL = --tasks $(QS)/heldout.jsonl --env calculator --k 2 --max-tokens-per-turn 64
 demo: install
-	$(BIN)/sao presets
-	$(BIN)/sao config configs/quickstart.yaml
-	$(BIN)/python benchmarks/gae.py
-	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(DEMO_DIR)/base
-	$(BIN)/python examples/make_tool_chats.py --n 200 --out $(DEMO_DIR)/chats.jsonl
-	$(BIN)/sao sft --model $(DEMO_DIR)/base --data $(DEMO_DIR)/chats.jsonl --out $(DEMO_DIR)/sft --steps 60 --lr 2e-3
-	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --out $(DEMO_DIR)/calc_eval.jsonl
-	$(BIN)/sao eval --model $(DEMO_DIR)/sft --tasks $(DEMO_DIR)/calc_eval.jsonl --env calculator --k 2 \
-		--max-tokens-per-turn 64 --out $(DEMO_DIR)/eval_sft.json
+	$(BIN)/sao config configs/quickstart.yaml > /dev/null
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(QS)/base
+	$(BIN)/python examples/make_tool_chats.py --n 4000 --out $(QS)/chats.jsonl
+	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
+		--batch-size 32 --eval-every 250
+	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QS)/heldout.jsonl
+	$(BIN)/sao eval --model $(QS)/sft $(QS_EVAL) --out $(QS)/eval_sft.json
+	$(BIN)/sao train configs/quickstart.yaml logging.run_dir=$(QS)/rl model.path=$(QS)/sft
+	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000040/actor $(QS_EVAL) --out $(QS)/eval_rl.json
+	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png
+	$(BIN)/python examples/compare_evals.py $(QS)/eval_sft.json $(QS)/eval_rl.json
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples

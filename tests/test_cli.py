@@ -36,7 +36,7 @@ def test_config_prints_resolved_yaml_with_override() -> None:
     assert printed["algo"]["preset"] == "grpo_dis"
     assert printed["algo"]["eps_high"] == 2.5
     assert printed["algo"]["group_size"] == 8
-    assert printed["model"]["tiny_arch"] == "qwen3_moe"
+    assert printed["model"]["path"] == "runs/quickstart/sft"  # the file's own values stay
 
 
 def test_config_accepts_overrides_without_a_file() -> None:

@@ -243,6 +243,6 @@ def test_dump_then_load_round_trips(tmp_path: Path, name: str) -> None:
 
 def test_quickstart_loads() -> None:
     cfg = load_config(QUICKSTART)
-    assert (cfg.model.tiny_arch, cfg.model.tiny_size) == ("qwen3_moe", "small")
-    assert (cfg.algo.preset, cfg.data.env, cfg.logging.run_dir) == ("sao", "calculator", "runs/quickstart")
+    assert (cfg.model.path, cfg.model.tiny_arch) == ("runs/quickstart/sft", None)  # written by make demo
+    assert (cfg.algo.preset, cfg.data.env, cfg.logging.run_dir) == ("sao", "calculator", "runs/quickstart/rl")
     assert load_config(QUICKSTART, ["algo=grpo_dis"]).algo.group_size == 8
