@@ -7,6 +7,7 @@ import json
 import pytest
 
 from sao.config import load_config
+from sao.presets import PRESETS
 from sao.runtime.runner import train_sync_entry
 
 
@@ -50,11 +51,18 @@ def test_resume_continues_the_step_count_and_the_books_balance(tmp_path):
     assert steps.count(3) == 1 and steps.count(4) == 1  # steps 3-4 logged once, after 1-2
 
 
-@pytest.mark.parametrize("preset", ["grpo", "running_mean_8"])
-def test_group_and_critic_free_presets_run_in_the_same_pipeline(tmp_path, preset):
-    extra = [f"algo={preset}", "trainer.total_steps=2", "runtime.mode=sync", "trainer.batch_size=8"]
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_runs_two_steps_in_the_full_pipeline(tmp_path, preset):
+    extra = [
+        f"algo={preset}",
+        "trainer.total_steps=2",
+        "trainer.batch_size=8",
+        "critic.pretrain.enabled=false",
+    ]
     result = train_sync_entry(_cfg(tmp_path / preset, *extra))
-    assert result.steps == 2
+    assert (result.steps, result.policy_version) == (2, 2)
+    c = result.counters
+    assert c["trained"] == 16 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
 
 
 def test_sync_and_async_with_one_episode_in_flight_and_no_staleness_train_the_same(tmp_path):
