@@ -25,25 +25,15 @@ from sao.envs.calculator import (
 from sao.envs.sft_data import calculator_conversations, play_episode
 from sao.models.chat import render_chat
 
+from .scripted import play_scripted
+
 TASK = Task(id="t", prompt="What is 37 * 12?", answer=444, metadata={"a": 37, "op": "*", "b": 12})
 CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "37*12"}}</tool_call>'
 
 
 def play(turns: list[str], task: Task = TASK, env: CalculatorEnv | None = None):
     """Reset, then step each scripted turn until done; the initial messages and every StepResult."""
-    env = env or CalculatorEnv()
-
-    async def run():
-        first = await env.reset(task)
-        results = []
-        for text in turns:
-            results.append(await env.step(text))
-            if results[-1].done:
-                break
-        await env.close()
-        return first, results
-
-    return asyncio.run(run())
+    return play_scripted(env or CalculatorEnv(), task, turns)
 
 
 def test_canonical_formats_are_the_documented_strings():

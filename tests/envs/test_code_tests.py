@@ -12,6 +12,8 @@ from sao.envs import Task, make_env
 from sao.envs.base import StepResult
 from sao.envs.code_tests import CODE_TOOLS, NUDGE, CodeTestsEnv
 
+from .scripted import ScriptedEngine, play_scripted
+
 DATA = Path(__file__).resolve().parents[2] / "data" / "code_tests" / "tasks.jsonl"
 HIDDEN = "hidden_test_add.py"
 HIDDEN_TEST = """import unittest
@@ -43,20 +45,7 @@ def call(name: str, **arguments: str) -> str:
 def play(turns: list[str], task: Task = TASK, **env_kwargs: object) -> tuple[list[dict], list[StepResult]]:
     """Reset, then feed ``turns`` until the env says done; the initial messages and every step result."""
     env = CodeTestsEnv(command_timeout_s=20.0, test_timeout_s=30.0, **env_kwargs)  # type: ignore[arg-type]
-
-    async def go() -> tuple[list[dict], list[StepResult]]:
-        initial = await env.reset(task)
-        results = []
-        try:
-            for text in turns:
-                results.append(await env.step(text))
-                if results[-1].done:
-                    break
-        finally:
-            await env.close()
-        return initial, results
-
-    return asyncio.run(go())
+    return play_scripted(env, task, turns)
 
 
 def contents(result: StepResult) -> list[str]:
@@ -181,22 +170,6 @@ def test_shipped_tasks_pass_with_their_solution_and_fail_without(with_solution: 
         )
         _, results = play([writes + call("submit")], task=task)
         assert results[-1].reward == (1.0 if with_solution else 0.0), (task.id, results[-1].info)
-
-
-class ScriptedEngine:
-    """An engine that "generates" fixed texts (tokenised, plus the end-of-turn token)."""
-
-    version = 0
-
-    def __init__(self, tokenizer, texts: list[str]) -> None:
-        self.tokenizer, self.texts = tokenizer, list(texts)
-        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    async def generate(self, prompt_ids, params):
-        from sao.engine.types import Generation
-
-        ids = [*self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False), self.eot]
-        return Generation(ids, [-1.0] * len(ids), [0] * len(ids), "stop")
 
 
 def test_episode_through_the_agent_loop_shows_tools_and_grades_the_submission(tiny_tokenizer) -> None:

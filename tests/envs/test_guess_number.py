@@ -21,24 +21,15 @@ from sao.envs.guess_number import (
 from sao.envs.sft_data import guess_number_conversations, play_episode
 from sao.models.chat import render_chat
 
+from .scripted import play_scripted
+
 
 def task(secret: int, n: int = 16) -> Task:
     return Task(id="t", prompt=f"Guess my number from 1 to {n}.", answer=secret, metadata={"max_number": n})
 
 
 def play(turns: list[str], t: Task, env: GuessNumberEnv | None = None):
-    env = env or GuessNumberEnv()
-
-    async def run():
-        first = await env.reset(t)
-        results = []
-        for text in turns:
-            results.append(await env.step(text))
-            if results[-1].done:
-                break
-        return first, results
-
-    return asyncio.run(run())
+    return play_scripted(env or GuessNumberEnv(), t, turns)
 
 
 def test_hints_then_a_correct_guess_earn_reward_1():

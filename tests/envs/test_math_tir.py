@@ -14,24 +14,15 @@ from sao.envs.base import StepResult
 from sao.envs.math_tir import NUDGE, MathTIREnv
 from sao.envs.verify import normalize_answer, verify_answer
 
+from .scripted import ScriptedEngine, play_scripted
+
 DATA = Path(__file__).resolve().parents[2] / "data"
 TASK = Task(id="apples", prompt="Tom has 3 bags of 14 apples. How many apples?", answer="42")
 
 
 def play(env: MathTIREnv, task: Task, turns: list[str]) -> tuple[list[dict], list[StepResult]]:
     """Reset, then feed ``turns`` until the env says done; the initial messages and every step result."""
-
-    async def go() -> tuple[list[dict], list[StepResult]]:
-        initial = await env.reset(task)
-        results = []
-        for text in turns:
-            results.append(await env.step(text))
-            if results[-1].done:
-                break
-        await env.close()
-        return initial, results
-
-    return asyncio.run(go())
+    return play_scripted(env, task, turns)
 
 
 def test_reset_sends_system_prompt_and_problem() -> None:
@@ -160,22 +151,6 @@ def test_sample_file_answers_verify_against_themselves() -> None:
     tasks = load_tasks(DATA / "math_tir_sample.jsonl")
     assert len(tasks) == 10 and len({t.id for t in tasks}) == 10
     assert all(verify_answer(t.answer, t.answer) for t in tasks)
-
-
-class ScriptedEngine:
-    """An engine that "generates" fixed texts (tokenised, plus the end-of-turn token)."""
-
-    version = 0
-
-    def __init__(self, tokenizer, texts: list[str]) -> None:
-        self.tokenizer, self.texts = tokenizer, list(texts)
-        self.eot = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    async def generate(self, prompt_ids, params):
-        from sao.engine.types import Generation
-
-        ids = [*self.tokenizer.encode(self.texts.pop(0), add_special_tokens=False), self.eot]
-        return Generation(ids, [-1.0] * len(ids), [0] * len(ids), "stop")
 
 
 def test_episode_through_the_agent_loop_records_tool_output_and_outcome(tiny_tokenizer) -> None:
