@@ -21,10 +21,10 @@ from sao.engine.sglang import (
     supports_pause_modes,
 )
 from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
-from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
 from sao.models.tiny import tiny_checkpoint
-from sao.types import Batch, Trajectory
+
+from .teacher import trainer_logprobs
 
 
 def _chunk(output_ids: list[int], logprobs: list[float], finish: dict | None = None) -> dict:
@@ -188,22 +188,6 @@ def _sglang_python() -> str | None:
     return None if importlib.util.find_spec("sglang") is None else "python"
 
 
-def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], gen: Generation) -> list[float]:
-    n, k = len(prompt), len(gen.token_ids)
-    traj = Trajectory(
-        prompt_id="p",
-        token_ids=prompt + gen.token_ids,
-        action_mask=[0] * n + [1] * k,
-        rollout_logprobs=[0.0] * n + gen.logprobs,
-        versions=[-1] * n + gen.versions,
-        turn_ids=[-1] * n + [0] * k,
-        rewards=[0.0],
-    )
-    with torch.no_grad():
-        logprobs, _ = token_logprobs(model, Batch.from_trajectories([traj]))
-    return logprobs[n:].tolist()
-
-
 @pytest.mark.gpu
 def test_real_server_logprobs_match_the_trainer_and_survive_an_in_flight_update(tmp_path: Path) -> None:
     python = _sglang_python()
@@ -238,13 +222,13 @@ def test_real_server_logprobs_match_the_trainer_and_survive_an_in_flight_update(
     first, spanning = asyncio.run(run())
     # GPU fp32 kernels differ from the CPU reference in the last bits; 1e-3 still pins the distribution.
     assert (
-        max(abs(a - b) for a, b in zip(first.logprobs, _trainer_logprobs(base, prompt, first), strict=True))
+        max(abs(a - b) for a, b in zip(first.logprobs, trainer_logprobs(base, prompt, first), strict=True))
         < 1e-3
     )
     assert spanning.finish_reason == "length" and len(spanning.token_ids) == 3000
     k = spanning.versions.count(0)
     assert 30 <= k < 3000 and spanning.versions == [0] * k + [1] * (3000 - k)
-    old = _trainer_logprobs(base, prompt, spanning)[:k]
-    new = _trainer_logprobs(updated, prompt, spanning)[k:]
+    old = trainer_logprobs(base, prompt, spanning)[:k]
+    new = trainer_logprobs(updated, prompt, spanning)[k:]
     assert max(abs(a - b) for a, b in zip(spanning.logprobs[:k], old, strict=True)) < 1e-3
     assert max(abs(a - b) for a, b in zip(spanning.logprobs[k:], new, strict=True)) < 1e-3

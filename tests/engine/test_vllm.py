@@ -27,10 +27,10 @@ from sao.engine.vllm import (
     vllm_server_command,
     vllm_server_env,
 )
-from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
 from sao.models.tiny import tiny_checkpoint
-from sao.types import Batch, Trajectory
+
+from .teacher import trainer_logprobs
 
 # ---- pure mapping ---------------------------------------------------------------------------------------
 
@@ -236,23 +236,6 @@ def moe_server(vllm_python: str, moe_dir: Path, tmp_path_factory: pytest.TempPat
     yield from _start_server(vllm_python, moe_dir, tmp_path_factory.mktemp("logs") / "vllm-moe.log")
 
 
-def _trainer_logprobs(model: torch.nn.Module, prompt: list[int], gen: Generation, temperature: float = 1.0):
-    """The trainer's teacher-forced log-probs of the generated tokens (fp32), as a list."""
-    n, k = len(prompt), len(gen.token_ids)
-    traj = Trajectory(
-        prompt_id="p",
-        token_ids=prompt + gen.token_ids,
-        action_mask=[0] * n + [1] * k,
-        rollout_logprobs=[0.0] * n + gen.logprobs,
-        versions=[-1] * n + gen.versions,
-        turn_ids=[-1] * n + [0] * k,
-        rewards=[0.0],
-    )
-    with torch.no_grad():
-        logprobs, _ = token_logprobs(model, Batch.from_trajectories([traj]), temperature=temperature)
-    return logprobs[n:].tolist()
-
-
 def _max_diff(a: list[float], b: list[float]) -> float:
     assert len(a) == len(b) and a
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
@@ -334,7 +317,7 @@ def test_logprobs_match_the_trainers_teacher_forced_logprobs(
 
     gens = asyncio.run(run())
     diffs = [
-        _max_diff(g.logprobs, _trainer_logprobs(model, p, g, temperature))
+        _max_diff(g.logprobs, trainer_logprobs(model, p, g, temperature))
         for p, g in zip(_PROMPTS, gens, strict=True)
     ]
     print(f"{arch} T={temperature}: max |engine - trainer| log-prob = {max(diffs):.2e}")
@@ -363,8 +346,8 @@ def test_weight_update_makes_logprobs_those_of_the_new_weights(
 
     gen, latency = asyncio.run(run())
     assert gen.versions == [1] * 24
-    new_diff = _max_diff(gen.logprobs, _trainer_logprobs(updated, _PROMPTS[1], gen))
-    old_diff = _max_diff(gen.logprobs, _trainer_logprobs(base, _PROMPTS[1], gen))
+    new_diff = _max_diff(gen.logprobs, trainer_logprobs(updated, _PROMPTS[1], gen))
+    old_diff = _max_diff(gen.logprobs, trainer_logprobs(base, _PROMPTS[1], gen))
     print(f"update latency {latency:.3f} s; max diff vs new weights {new_diff:.2e}, vs old {old_diff:.2e}")
     assert new_diff < 1e-4 < 1e-2 < old_diff
 
@@ -402,10 +385,10 @@ def test_update_during_a_request_completes_it_with_versions_split_at_the_update(
     assert 30 <= k < _LONG and gen.versions == [1] * k + [2] * (_LONG - k)
     assert (gen.metadata["version_attribution"], gen.metadata["updates_spanned"]) == ("stream_order", 1)
     # Tokens before the update are exactly those of weights 1 (teacher-forced over the same sequence).
-    before = _max_diff(gen.logprobs[:k], _trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[:k])
+    before = _max_diff(gen.logprobs[:k], trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[:k])
     print(f"recompute_kv={recompute_kv}: {k} tokens of v1, {_LONG - k} of v2; v1 max diff {before:.2e}")
     assert before < 1e-4
-    after_new = _trainer_logprobs(_policy(dense_dir, state_2), prompt, gen)[k:]
+    after_new = trainer_logprobs(_policy(dense_dir, state_2), prompt, gen)[k:]
     if recompute_kv:
         # The prefix is re-encoded by weights 2: every later token is exactly the new policy's.
         diff = _max_diff(gen.logprobs[k:], after_new)
@@ -414,7 +397,7 @@ def test_update_during_a_request_completes_it_with_versions_split_at_the_update(
     else:
         # The prefix keeps the KV of weights 1, so later tokens only approximately follow weights 2 -- but
         # they do come from weights 2 (much closer to them than to weights 1).
-        after_old = _trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[k:]
+        after_old = trainer_logprobs(_policy(dense_dir, state_1), prompt, gen)[k:]
         assert _mean_diff(gen.logprobs[k:], after_new) < _mean_diff(gen.logprobs[k:], after_old)
 
 
