@@ -130,6 +130,9 @@ class DataConfig(_Section):
     """Prompts and the environment they are played in."""
 
     env: str = Field("calculator", description="Registered environment name.")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the env constructor, e.g. {turns: episode}."
+    )
     train_file: str | None = Field(
         None, description="Training prompts (JSONL); null = the env's built-in set."
     )

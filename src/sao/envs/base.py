@@ -161,7 +161,7 @@ def make_env(name_or_source: str, **kwargs: Any) -> Env:
             raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
     try:
         env = factory(**kwargs)
-    except TypeError as err:
+    except (TypeError, ValueError) as err:  # wrong or invalid constructor arguments
         raise EnvError(f"cannot build environment {name_or_source!r}: {err}") from err
     for attr in ("reset", "step", "close"):
         if not callable(getattr(env, attr, None)):

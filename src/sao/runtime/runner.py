@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
 
-from sao.config import RunConfig, dump_config
-from sao.envs.base import Task, make_env
+from sao.config import ConfigError, RunConfig, dump_config
+from sao.envs.base import Env, EnvError, Task, make_env
 from sao.rollout.agent_loop import AgentLoopConfig
 from sao.types import Batch, Trajectory
 
@@ -66,6 +68,16 @@ def _tasks(cfg: RunConfig) -> list[Task]:
         ) from None
 
 
+def _env_factory(cfg: RunConfig) -> Callable[[], Env]:
+    """A builder of fresh envs (one per episode); builds one now so a bad name or kwargs fail at startup."""
+    build = functools.partial(make_env, cfg.data.env, **cfg.data.env_kwargs)
+    try:
+        build()
+    except EnvError as err:
+        raise ConfigError(f"data.env / data.env_kwargs: {err}") from None
+    return build
+
+
 def _loop_cfg(cfg: RunConfig) -> AgentLoopConfig:
     return AgentLoopConfig(
         max_turns=cfg.data.max_turns,
@@ -77,13 +89,15 @@ def _loop_cfg(cfg: RunConfig) -> AgentLoopConfig:
     )
 
 
-async def _pretrain_critic(cfg, critic, engine, tokenizer, tasks, loop_cfg, console) -> dict[str, float]:
+async def _pretrain_critic(
+    cfg, critic, engine, tokenizer, env_factory, tasks, loop_cfg, console
+) -> dict[str, float]:
     """Value pretraining on rollouts of the frozen initial policy (SPEC §2.6)."""
     from sao.train.value_pretrain import ValuePretrainOptions, pretrain_value
 
     pre = cfg.critic.pretrain
     corpus = await collect_rollouts(
-        engine, tokenizer, lambda: make_env(cfg.data.env), tasks, pre.corpus_size, loop_cfg,
+        engine, tokenizer, env_factory, tasks, pre.corpus_size, loop_cfg,
         concurrency=cfg.runtime.max_in_flight, seed=cfg.trainer.seed + 10_000_000,
     )  # fmt: skip
     opts = ValuePretrainOptions(
@@ -117,6 +131,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     run_dir = Path(cfg.logging.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
+    env_factory = _env_factory(cfg)
     set_seed(cfg.trainer.seed)
     ckpts = CheckpointManager(run_dir, keep_last=cfg.logging.keep_checkpoints)
     loaded = ckpts.load() if resume and ckpts.latest() is not None else None
@@ -138,7 +153,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     max_in_flight = batch_size if sync else cfg.runtime.max_in_flight
     pre_metrics: dict[str, float] = {}
     if critic is not None and loaded is None and cfg.value_pretrain_enabled:
-        pre_metrics = await _pretrain_critic(cfg, critic, engine, tokenizer, tasks, loop_cfg, console)
+        pre_metrics = await _pretrain_critic(
+            cfg, critic, engine, tokenizer, env_factory, tasks, loop_cfg, console
+        )
     trainer = Trainer(actor, critic, cfg)
     weights = None
     if cfg.algo.advantage == "spo" and cfg.algo.spo_prioritized_sampling:
@@ -156,7 +173,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     producer = Producer(
         engine,
         tokenizer,
-        lambda: make_env(cfg.data.env),
+        env_factory,
         sampler,
         staleness,
         queue,
