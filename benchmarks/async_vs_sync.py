@@ -3,7 +3,10 @@
 Same tiny Qwen3-MoE (fp32, CPU), same environment, same batch of trajectories per trainer step, same number
 of trainer steps, all in this one process with the same torch thread count (default 2, for generation and
 training alike). The environment is ``long_tail`` (`sao.envs.long_tail`): turn counts drawn from a heavy
-tail (75 % of tasks take 1-2 turns, 10 % take 6-8), short replies, a deterministic letter rule as reward.
+tail (75 % of episodes take 1-2 turns, 10 % take 6-8), short replies, a deterministic letter rule as reward.
+By default (``--turns episode``) each episode draws its own turn count, so the 8 samples of a GRPO group
+differ in length as agentic episodes do; ``--turns task`` fixes the count per prompt (every sample of a
+group equally long, which favours group sampling: a batch of 2 prompts x 8 rarely holds a long prompt).
 
 1. async SAO:   ``algo=sao runtime.mode=async runtime.max_staleness=S runtime.max_in_flight=2*batch``
 2. sync GRPO:   ``algo=grpo algo.group_size=8 runtime.mode=sync`` (batch 16 = 2 prompts x 8)
@@ -17,7 +20,7 @@ idle fraction (engine loop with nothing to run / engine uptime), both from the l
 every run the per-token policy lag histogram (trainer version − version that generated the token) and the
 per-trajectory version span, captured from the batches the trainer sees.
 
-    python benchmarks/async_vs_sync.py      # default: 12 steps x 16 trajectories, ~30 s on 2 cores
+    python benchmarks/async_vs_sync.py      # default: 30 steps x 16 trajectories, ~70 s on 2 cores
     python benchmarks/async_vs_sync.py --steps 30 --size small --max-new-tokens 64 --max-total-tokens 1200
 """
 
@@ -59,12 +62,15 @@ def _overrides(args: argparse.Namespace, run_dir: Path, mode: str) -> list[str]:
     common = [
         "model.tiny_arch=qwen3_moe", f"model.tiny_size={args.size}", "model.dtype=float32",
         "model.device=cpu", "critic.lr=1e-3", "critic.pretrain.enabled=false",
-        f"engine.max_new_tokens={args.max_new_tokens}", f"engine.max_concurrent={2 * args.batch}",
+        f"engine.max_new_tokens={args.max_new_tokens}",
+        f"engine.max_concurrent={max(2 * args.batch, args.in_flight)}",
         f"data.env={args.env}", "data.max_turns=8", f"data.max_total_tokens={args.max_total_tokens}",
         "trainer.lr=1e-3", f"trainer.batch_size={args.batch}", f"trainer.total_steps={args.steps}",
         f"trainer.seed={args.seed}", f"data.seed={args.seed}",
         f"logging.run_dir={run_dir}", "logging.tensorboard=false", f"logging.checkpoint_every={10**6}",
     ]  # fmt: skip
+    if args.env == "long_tail":
+        common.append(f"data.env_kwargs={{turns: {args.turns}}}")
     if mode == "async":
         return [*common, "algo=sao", "runtime.mode=async", f"runtime.max_staleness={args.staleness}",
                 f"runtime.max_in_flight={args.in_flight or 2 * args.batch}"]  # fmt: skip
@@ -112,13 +118,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=12, help="trainer steps per run (same for all)")
+    parser.add_argument("--steps", type=int, default=30, help="trainer steps per run (same for all)")
     parser.add_argument("--batch", type=int, default=16, help="trajectories per trainer step")
     parser.add_argument("--group", type=int, default=8, help="GRPO group size (batch = prompts x group)")
     parser.add_argument("--staleness", type=int, default=2, help="async runtime.max_staleness")
     parser.add_argument("--in-flight", type=int, default=0, help="async max_in_flight (0: 2 x batch)")
     parser.add_argument("--size", default="test", choices=["test", "small"], help="tiny model size")
     parser.add_argument("--env", default="long_tail")
+    parser.add_argument(
+        "--turns",
+        default="episode",
+        choices=["episode", "task"],
+        help="long_tail: turn count per episode or per task",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per model turn")
     parser.add_argument("--max-total-tokens", type=int, default=600)
     parser.add_argument("--threads", type=int, default=2, help="torch threads, all runs")
@@ -137,7 +149,7 @@ def main() -> None:
         results = {m: _run(args, root, m) for m in args.modes.split(",")}
 
     print(
-        f"workload: env={args.env}, tiny qwen3_moe/{args.size} fp32 CPU, "
+        f"workload: env={args.env} (turns per {args.turns}), tiny qwen3_moe/{args.size} fp32 CPU, "
         f"torch threads {torch.get_num_threads()} (one process, shared by engine and trainer, "
         f"same for all runs), {args.steps} steps x {args.batch} "
         f"trajectories, {args.max_new_tokens} tokens/turn, value pretraining off"
@@ -163,6 +175,7 @@ def main() -> None:
     print(
         "reproduce: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/async_vs_sync.py "
         f"--steps {args.steps} --batch {args.batch} --group {args.group} --staleness {args.staleness} "
+        f"--turns {args.turns} "
         f"--size {args.size} --max-new-tokens {args.max_new_tokens} "
         f"--max-total-tokens {args.max_total_tokens} --threads {args.threads} --seed {args.seed}"
     )

@@ -53,3 +53,29 @@ def test_optimal_policy_scores_one():
         assert first[-1]["content"] == task.prompt
         assert len(results) == task.metadata["turns"]
         assert results[-1].reward == OPTIMAL_SCORE
+
+
+def test_episode_mode_draws_the_turn_count_per_episode_from_the_first_reply():
+    task = make_tasks(1, seed=0)[0]
+
+    def turns(first_reply: str) -> int:
+        _, results = play(LongTailEnv(turns="episode"), task, [first_reply] + ["e"] * MAX_TURNS)
+        assert results[-1].done
+        return len(results)
+
+    counts = Counter(turns(f"reply {i}") for i in range(2000))
+    assert [turns(f"reply {i}") for i in range(20)] == [turns(f"reply {i}") for i in range(20)]
+    assert len(counts) >= 5  # one prompt, many lengths
+    assert (counts[1] + counts[2]) / 2000 > 0.65 and 0.05 < (counts[6] + counts[7] + counts[8]) / 2000 < 0.16
+
+
+def test_env_kwargs_reach_the_env_and_bad_ones_fail_clearly():
+    import pytest
+
+    from sao.envs.base import EnvError
+
+    assert make_env("long_tail", turns="episode").turns == "episode"
+    with pytest.raises(EnvError, match="turns must be 'task' or 'episode'"):
+        make_env("long_tail", turns="sometimes")
+    with pytest.raises(EnvError, match="cannot build environment 'long_tail'"):
+        make_env("long_tail", colour="red")

@@ -8,6 +8,15 @@ drawn number of turns is reached; the episode then ends. The prompt asks for sho
 - reward:  at the end only, the fraction of assistant turns that contain the target letter (case-free);
            deterministic in the replies. Optimal score 1.0 (`optimal_policy` replies the letter itself).
 
+Where the turn count comes from (``LongTailEnv(turns=...)``, in a run ``data.env_kwargs={turns: episode}``):
+
+- ``"task"`` (default): the task's own draw (``metadata["turns"]``, also named in its prompt), so every
+  sample of a prompt runs equally long;
+- ``"episode"``: a fresh draw from `TURN_WEIGHTS` per episode, seeded by the task id and the first reply,
+  so samples of one prompt differ in length as agentic episodes do (the model's choices decide how many
+  tool calls it makes), yet the count stays deterministic in the replies. The prompt's count is then only
+  the task's nominal one.
+
 The point is the tail: in a synchronous batch the longest episode sets the pace, while an asynchronous
 runner keeps the generator busy with the short ones. ``data.max_turns`` should be >= `MAX_TURNS`.
 """
@@ -15,7 +24,7 @@ runner keeps the generator busy with the short ones. ``data.max_turns`` should b
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Literal
 
 from .base import Message, StepResult, Task, initial_messages, register_env
 
@@ -25,6 +34,7 @@ __all__ = [
     "OPTIMAL_SCORE",
     "TURN_WEIGHTS",
     "LongTailEnv",
+    "draw_turns",
     "make_tasks",
     "optimal_policy",
 ]
@@ -37,13 +47,17 @@ MAX_TURNS = max(TURN_WEIGHTS)
 _LETTERS = "aeiost"
 
 
+def draw_turns(rng: random.Random) -> int:
+    """One turn count from `TURN_WEIGHTS`."""
+    return rng.choices(list(TURN_WEIGHTS), list(TURN_WEIGHTS.values()))[0]
+
+
 def make_tasks(n: int, seed: int = 0) -> list[Task]:
     """``n`` deterministic tasks; a longer list extends a shorter one with the same seed."""
     rng = random.Random(f"long_tail-{seed}")
-    turns, weights = list(TURN_WEIGHTS), list(TURN_WEIGHTS.values())
     tasks = []
     for i in range(n):
-        k = rng.choices(turns, weights)[0]
+        k = draw_turns(rng)
         letter = rng.choice(_LETTERS)
         tasks.append(
             Task(
@@ -63,20 +77,28 @@ def optimal_policy(messages: list[Message], task: Task) -> str:
 
 @register_env("long_tail")
 class LongTailEnv:
-    """See the module docstring. ``system_prompt`` is optional."""
+    """See the module docstring. ``system_prompt`` is optional; ``turns``: ``"task"`` or ``"episode"``."""
 
-    def __init__(self, system_prompt: str | None = None) -> None:
+    def __init__(self, system_prompt: str | None = None, turns: Literal["task", "episode"] = "task") -> None:
+        if turns not in ("task", "episode"):
+            raise ValueError(f"turns must be 'task' or 'episode', got {turns!r}")
         self.system_prompt = system_prompt
+        self.turns = turns
         self.max_turns = MAX_TURNS
+        self._task_id = ""
         self._letter = ""
         self._turns = 0
         self._hits = 0
         self._done = True
 
     async def reset(self, task: Task) -> list[Message]:
-        self.max_turns = int(task.metadata.get("turns", 1))
-        if self.max_turns < 1:
-            raise ValueError(f"turns must be >= 1, got {self.max_turns}")
+        self._task_id = task.id
+        if self.turns == "episode":
+            self.max_turns = MAX_TURNS  # the real count is drawn at the first reply
+        else:
+            self.max_turns = int(task.metadata.get("turns", 1))
+            if self.max_turns < 1:
+                raise ValueError(f"turns must be >= 1, got {self.max_turns}")
         self._letter = str(task.answer).lower()
         self._turns, self._hits, self._done = 0, 0, False
         return initial_messages(task, self.system_prompt)
@@ -85,6 +107,8 @@ class LongTailEnv:
         if self._done:
             return StepResult([], 0.0, True, {"error": "step() called outside an episode"})
         self._turns += 1
+        if self.turns == "episode" and self._turns == 1:
+            self.max_turns = draw_turns(random.Random(f"{self._task_id}\x00{assistant_text}"))
         hit = self._letter in assistant_text.lower()
         self._hits += int(hit)
         info: dict[str, Any] = {"turn": self._turns, "hit": hit}
