@@ -123,7 +123,7 @@ def test_eval_command_prints_table_and_writes_json(tiny_moe_dir: Path, tmp_path:
     out = tmp_path / "results.json"
     args = ["eval", "--model", str(tiny_moe_dir), "--tasks", AIME, "--k", "2", "--seed", "3", "--limit", "2"]
     args += ["--max-turns", "2", "--max-tokens-per-turn", "12", "--max-total-tokens", "1024"]
-    args += ["--device", "cpu", "--out", str(out)]
+    args += ["--device", "cpu", "--out", str(out), "--transcripts"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "pass@1" in result.output and "overall" in result.output
@@ -131,6 +131,9 @@ def test_eval_command_prints_table_and_writes_json(tiny_moe_dir: Path, tmp_path:
     assert report["settings"]["temperature"] == 1.0 and report["settings"]["top_p"] == 1.0
     assert [t["id"] for t in report["tasks"]] == ["aime-style-1", "aime-style-2"]
     assert all(len(t["samples"]) == 2 for t in report["tasks"])
+    first = load_task_file(AIME).tasks[0]
+    transcript = report["tasks"][0]["samples"][0]["transcript"]  # the decoded episode: prompt, then turns
+    assert first.prompt in transcript and "<|im_start|>assistant" in transcript
 
 
 def test_eval_command_rejects_missing_task_file(tmp_path: Path) -> None:

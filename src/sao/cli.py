@@ -303,6 +303,9 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(help="Episodes run at once.")] = 32,
     limit: Annotated[int | None, typer.Option(help="Evaluate only the first N tasks of each file.")] = None,
     out: Annotated[str | None, typer.Option("--out", help="Write the full report (JSON) here.")] = None,
+    transcripts: Annotated[
+        bool, typer.Option(help="Keep every sample's decoded episode text in the --out report.")
+    ] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
 ) -> None:
@@ -327,6 +330,7 @@ def eval_command(
             concurrency=concurrency,
             env=env,
             limit=limit,
+            transcripts=transcripts,
         )
     except ValueError as err:
         raise _fail(f"error: {err}") from None

@@ -73,6 +73,7 @@ class EvalSettings:
     concurrency: int = 32
     env: str | None = None
     limit: int | None = None
+    transcripts: bool = False  # keep each sample's decoded episode text (prompt and all turns) in the report
 
     def __post_init__(self) -> None:
         for name in ("k", "max_tokens_per_turn", "max_total_tokens", "concurrency"):
@@ -146,6 +147,8 @@ async def _run_sample(
             token_digest=hashlib.sha256(str(traj.token_ids).encode()).hexdigest()[:16],
             error=traj.metadata.get("error"),
         )
+        if settings.transcripts:
+            record["transcript"] = tokenizer.decode(traj.token_ids)
         infos = traj.metadata.get("infos") or [{}]
         record["info"] = {key: _short(value) for key, value in infos[-1].items() if _is_scalar(value)}
     except Exception as err:  # one broken episode is reported, it does not end the evaluation
