@@ -30,17 +30,18 @@ sandbox-deps:
 # calculator-tool conversations, measure it on held-out tasks, train it with asynchronous SAO (critic
 # pretrained on rollouts first), measure again, and print the before/after table; plots in the run dir.
 QS ?= runs/quickstart
-QS_EVAL = --tasks $(QS)/heldout.jsonl --env calculator --k 2 --max-tokens-per-turn 64
+QS_DIRECT ?= 0.35
+QS_EVAL = --tasks $(QS)/heldout.jsonl --env calculator --k 4 --max-tokens-per-turn 64
 demo: install
 	$(BIN)/sao config configs/quickstart.yaml > /dev/null
 	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(QS)/base
-	$(BIN)/python examples/make_tool_chats.py --n 4000 --out $(QS)/chats.jsonl
+	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --out $(QS)/chats.jsonl
 	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
 		--batch-size 32 --eval-every 250
 	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QS)/heldout.jsonl
 	$(BIN)/sao eval --model $(QS)/sft $(QS_EVAL) --out $(QS)/eval_sft.json
 	$(BIN)/sao train configs/quickstart.yaml logging.run_dir=$(QS)/rl model.path=$(QS)/sft
-	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000040/actor $(QS_EVAL) --out $(QS)/eval_rl.json
+	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000080/actor $(QS_EVAL) --out $(QS)/eval_rl.json
 	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png
 	$(BIN)/python examples/compare_evals.py $(QS)/eval_sft.json $(QS)/eval_rl.json
 
