@@ -42,7 +42,8 @@ from typing import Any
 
 import httpx
 
-from sao.engine.http_server import HTTPEngine, ServerProcess, TokenDelta, free_port
+from sao.engine.http_server import HTTPEngine, TokenDelta
+from sao.engine.server_process import ServerProcess, free_port
 from sao.engine.types import FinishReason, Generation, InvalidRequestError, SamplingParams
 
 __all__ = [

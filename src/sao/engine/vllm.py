@@ -45,7 +45,8 @@ from typing import Any
 
 import httpx
 
-from sao.engine.http_server import HTTPEngine, ServerError, ServerProcess, TokenDelta, free_port
+from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta
+from sao.engine.server_process import ServerProcess, free_port
 from sao.engine.types import FinishReason, InvalidRequestError, SamplingParams
 
 __all__ = ["VLLMEngine", "completion_request", "parse_chunk", "vllm_server_command", "vllm_server_env"]
