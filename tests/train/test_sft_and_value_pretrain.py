@@ -129,6 +129,7 @@ def test_cli_sft_and_pretrain_value_run_end_to_end(tiny_moe_dir, tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (sft_out / "model.safetensors").is_file()
+    assert "sft step 3/3 | loss" in result.output  # not a terminal: plain progress lines
 
     corpus = tmp_path / "corpus.jsonl"
     save_jsonl(corpus, _corpus(16))

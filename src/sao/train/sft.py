@@ -9,6 +9,7 @@ tokenizer to ``out_dir`` atomically, with ``sft_metrics.jsonl`` beside them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +143,7 @@ def run_sft(
     eval_start = _eval_loss(model, held_out, opts)
     result: dict[str, float | None] = {"eval_loss_start": eval_start, "eval_loss": eval_start}
     batches = batches_forever(train, opts.batch_size, opts.seed)
+    started = time.monotonic()
     columns = (
         TextColumn("sft"),
         BarColumn(),
@@ -168,6 +170,11 @@ def run_sft(
             }
             if (step + 1) % opts.eval_every == 0 or step + 1 == opts.steps:
                 result["eval_loss"] = metrics["sft/eval_loss"] = _eval_loss(model, held_out, opts)
+                if not console.is_terminal:  # no live bar in a log file: one plain line per evaluation
+                    console.print(
+                        f"sft step {step + 1}/{opts.steps} | loss {loss:.3f} "
+                        f"| eval {_fmt(result['eval_loss'])} | {time.monotonic() - started:.0f} s"
+                    )
             sink.log(step + 1, metrics)
             result["train_loss"] = loss
             bar.update(task, advance=1, loss=loss, eval=_fmt(result["eval_loss"]))
