@@ -40,6 +40,7 @@ demo: install
 		--batch-size 32 --eval-every 250
 	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QS)/heldout.jsonl
 	$(BIN)/sao eval --model $(QS)/sft $(QS_EVAL) --out $(QS)/eval_sft.json
+	rm -rf $(QS)/rl  # a fresh run each time (sao train refuses a run dir that holds a run, unless --resume)
 	$(BIN)/sao train configs/quickstart.yaml logging.run_dir=$(QS)/rl model.path=$(QS)/sft
 	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000080/actor $(QS_EVAL) --out $(QS)/eval_rl.json
 	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png

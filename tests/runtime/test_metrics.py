@@ -24,6 +24,7 @@ from sao.runtime.metrics import (
     TensorBoardSink,
     WandbSink,
     make_sinks,
+    rewind_metrics,
     scalar_value,
 )
 from sao.runtime.progress import TrainingProgress, format_duration
@@ -133,6 +134,25 @@ def test_make_sinks_builds_jsonl_and_tensorboard_from_logging_config(tmp_path: P
         sinks.log(7, {"reward/mean": 0.125})
     assert _jsonl(tmp_path / "metrics.jsonl")[0]["reward/mean"] == 0.125
     assert _tb_scalars(tmp_path)["reward/mean"] == [(7, 0.125)]
+
+
+def test_resumed_sinks_set_aside_the_records_after_the_checkpoint_step(tmp_path: Path) -> None:
+    with make_sinks(LoggingConfig(tensorboard=True, log_every=1), tmp_path) as sinks:  # a run killed at 5
+        for step in range(0, 6):
+            sinks.log(step, {"reward/mean": float(step)})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 6, "rew')  # the line the kill cut
+    with make_sinks(LoggingConfig(tensorboard=True, log_every=1), tmp_path, resume_step=3) as sinks:
+        for step in (4, 5):  # redone from the checkpoint of step 3
+            sinks.log(step, {"reward/mean": step + 0.5})
+    assert [(r["step"], r["reward/mean"]) for r in _jsonl(tmp_path / "metrics.jsonl")] == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.5), (5, 5.5)
+    ]  # fmt: skip
+    discarded = (tmp_path / "metrics.discarded.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in discarded[:2]] == [4, 5] and discarded[2] == '{"step": 6, "rew'
+    assert _tb_scalars(tmp_path)["reward/mean"] == [(s, float(s)) for s in range(4)] + [(4, 4.5), (5, 5.5)]
+    assert rewind_metrics(tmp_path / "metrics.jsonl", 5) == 0  # nothing later: the file stays as it is
+    assert rewind_metrics(tmp_path / "absent.jsonl", 0) == 0
 
 
 def test_make_sinks_without_tensorboard_applies_log_every(tmp_path: Path) -> None:

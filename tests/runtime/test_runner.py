@@ -6,23 +6,23 @@ import json
 
 import pytest
 
-from sao.config import load_config
+from sao.config import ConfigError, load_config
 from sao.presets import PRESETS
 from sao.runtime.runner import train_sync_entry
 
+_OVERRIDES = [
+    "model.tiny_arch=qwen3_moe", "model.tiny_size=test", "model.dtype=float32", "model.device=cpu",
+    "critic.lr=1e-3", "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
+    "engine.max_new_tokens=16", "engine.max_concurrent=8",
+    "data.env=calculator", "data.max_turns=3", "data.max_total_tokens=200",
+    "trainer.lr=1e-3", "trainer.batch_size=4", "trainer.total_steps=3",
+    "runtime.max_in_flight=8", "runtime.max_staleness=1",
+    "logging.tensorboard=false", "logging.checkpoint_every=2",
+]  # fmt: skip
+
 
 def _cfg(run_dir, *extra):
-    overrides = [
-        "model.tiny_arch=qwen3_moe", "model.tiny_size=test", "model.dtype=float32", "model.device=cpu",
-        "critic.lr=1e-3", "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
-        "engine.max_new_tokens=16", "engine.max_concurrent=8",
-        "data.env=calculator", "data.max_turns=3", "data.max_total_tokens=200",
-        "trainer.lr=1e-3", "trainer.batch_size=4", "trainer.total_steps=3",
-        "runtime.max_in_flight=8", "runtime.max_staleness=1",
-        f"logging.run_dir={run_dir}", "logging.tensorboard=false", "logging.checkpoint_every=2",
-        *extra,
-    ]  # fmt: skip
-    return load_config(None, overrides)
+    return load_config(None, [*_OVERRIDES, f"logging.run_dir={run_dir}", *extra])
 
 
 def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
@@ -72,6 +72,53 @@ def test_resume_continues_the_step_count_and_the_books_balance(tmp_path):
     assert c["started"] == c["trained"] + c["dropped"] + c["pending"]
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(3) == 1 and steps.count(4) == 1  # steps 3-4 logged once, after 1-2
+
+
+def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_the_books_balance(tmp_path):
+    """SIGKILL a real ``sao train`` process after step 3 (checkpoints every 2 steps), then ``--resume``."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from sao.runtime.metrics import DISCARDED_METRICS_FILE
+
+    run = tmp_path / "run"
+    overrides = [*_OVERRIDES, f"logging.run_dir={run}", "trainer.total_steps=10"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sao", "train", *overrides],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = run / "metrics.jsonl"
+
+    def logged_steps() -> list[int]:
+        text = metrics.read_text() if metrics.exists() else ""
+        return [json.loads(x)["step"] for x in text.splitlines() if x.endswith("}")]
+
+    deadline = time.monotonic() + 180
+    while max(logged_steps(), default=0) < 3:
+        assert proc.poll() is None, f"sao train ended before step 3: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "sao train did not reach step 3 in 180 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    killed_at = max(logged_steps())
+    checkpoint = max(int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*"))
+    assert killed_at < 10 and checkpoint in (2, 4, 6, 8) and checkpoint <= killed_at
+
+    with pytest.raises(ConfigError, match="already holds a run"):  # not resuming would mix two runs
+        train_sync_entry(load_config(None, overrides))
+    resumed = train_sync_entry(load_config(None, overrides), resume=True)
+    assert (resumed.steps, resumed.policy_version) == (10, 10)
+    c = resumed.counters
+    assert c["trained"] == 40 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
+    records = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(11))  # value pretraining (0), then each step once
+    assert all(r["policy/version"] == r["step"] for r in records[1:])
+    assert [r["runtime/trained"] for r in records[1:]] == [4.0 * s for s in range(1, 11)]  # none twice
+    discarded = (run / DISCARDED_METRICS_FILE).read_text().splitlines() if killed_at > checkpoint else []
+    assert len(discarded) == killed_at - checkpoint  # the killed run's steps after its checkpoint, kept
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))

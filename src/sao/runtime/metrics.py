@@ -9,6 +9,10 @@ Every sink satisfies the small :class:`MetricsSink` protocol (``log(step, metric
 - :class:`MultiSink` fans one record out to several sinks; :func:`make_sinks` builds it from a
   :class:`~sao.config.LoggingConfig`.
 
+On resume from the checkpoint of step ``s`` (``make_sinks(..., resume_step=s)``) the steps after ``s``
+that a killed run had logged are redone, so :func:`rewind_metrics` moves their JSONL lines to
+``RUN_DIR/metrics.discarded.jsonl`` (kept, not deleted) and TensorBoard purges its events after ``s``.
+
 Values may be Python numbers, bools, or one-element tensors/NumPy scalars; anything else (strings, lists,
 multi-element tensors) is skipped, never an error. Non-finite values: JSONL writes NaN as ``null`` and
 ±inf as ±1e308 (JSON has no infinities); TensorBoard and W&B receive them as they are.
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from sao.config import LoggingConfig
 
 __all__ = [
+    "DISCARDED_METRICS_FILE",
     "METRICS_FILE",
     "JsonlMetricsSink",
     "MetricsSink",
@@ -41,11 +46,13 @@ __all__ = [
     "TensorBoardSink",
     "WandbSink",
     "make_sinks",
+    "rewind_metrics",
     "scalar_metrics",
     "scalar_value",
 ]
 
 METRICS_FILE = "metrics.jsonl"
+DISCARDED_METRICS_FILE = "metrics.discarded.jsonl"
 
 
 @runtime_checkable
@@ -117,12 +124,13 @@ class JsonlMetricsSink:
 class TensorBoardSink:
     """Scalar events in ``run_dir`` (one TensorBoard run per run directory); flushed every log."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, purge_step: int | None = None) -> None:
+        """``purge_step``: drop the events at steps >= it that earlier writers left (a resumed run)."""
         from torch.utils.tensorboard import SummaryWriter
 
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._writer = SummaryWriter(log_dir=str(self.run_dir))
+        self._writer = SummaryWriter(log_dir=str(self.run_dir), purge_step=purge_step)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         for name, value in scalar_metrics(metrics).items():
@@ -209,19 +217,49 @@ def make_sinks(
     *,
     run_name: str | None = None,
     config: Mapping[str, Any] | None = None,
+    resume_step: int | None = None,
 ) -> MultiSink:
     """JSONL always (``run_dir/metrics.jsonl``), TensorBoard and W&B as ``logging_cfg`` enables them;
     records are kept every ``logging_cfg.log_every`` steps. ``config`` (the resolved run config) goes to W&B.
+    ``resume_step``: the run resumes after this step; later records of the earlier run are set aside.
     """
     run_dir = Path(run_dir)
     sinks: list[MetricsSink] = []
     try:
         if logging_cfg.wandb:  # first: the one most likely to fail, before files are opened
             sinks.append(WandbSink(run_dir, run_name=run_name, config=config))
+        if resume_step is not None:
+            rewind_metrics(run_dir / METRICS_FILE, resume_step)
         sinks.append(JsonlMetricsSink(run_dir / METRICS_FILE))
         if logging_cfg.tensorboard:
-            sinks.append(TensorBoardSink(run_dir))
+            purge = None if resume_step is None else resume_step + 1
+            sinks.append(TensorBoardSink(run_dir, purge_step=purge))
     except BaseException:
         MultiSink(sinks).close()
         raise
     return MultiSink(sinks, every=logging_cfg.log_every)
+
+
+def rewind_metrics(path: str | Path, step: int) -> int:
+    """Keep the records of ``path`` (a metrics JSONL) up to ``step``; move later ones, and unreadable
+    lines, to `DISCARDED_METRICS_FILE` beside it (appended). Returns how many lines moved."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    keep: list[str] = []
+    moved: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record_step = int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):  # a line cut by the kill, or not a record
+            record_step = None
+        (keep if record_step is not None and record_step <= step else moved).append(line)
+    if moved:
+        with (path.parent / DISCARDED_METRICS_FILE).open("a", encoding="utf-8") as f:
+            f.writelines(line + "\n" for line in moved)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+        os.replace(tmp, path)
+    return len(moved)

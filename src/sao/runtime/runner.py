@@ -31,6 +31,7 @@ from sao.envs.base import Env, EnvError, Task, make_env
 from sao.rollout.agent_loop import AgentLoopConfig
 from sao.types import Batch, Trajectory
 
+from .metrics import METRICS_FILE
 from .producer import Producer
 from .rollouts import collect_rollouts
 from .sampler import PromptSampler
@@ -66,6 +67,11 @@ def _tasks(cfg: RunConfig) -> list[Task]:
         raise ValueError(
             f"data.train_file is not set and environment {cfg.data.env!r} does not generate its own tasks"
         ) from None
+
+
+def _holds_a_run(run_dir: Path) -> bool:
+    metrics = run_dir / METRICS_FILE
+    return (metrics.is_file() and metrics.stat().st_size > 0) or any((run_dir / "checkpoints").glob("step_*"))
 
 
 def _env_factory(cfg: RunConfig) -> Callable[[], Env]:
@@ -129,6 +135,11 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
 
     console = console or Console(stderr=True)
     run_dir = Path(cfg.logging.run_dir)
+    if not resume and _holds_a_run(run_dir):
+        raise ConfigError(
+            f"logging.run_dir: {str(run_dir)!r} already holds a run (metrics or checkpoints); "
+            "resume it with --resume, or pick another run directory"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     env_factory = _env_factory(cfg)
@@ -184,7 +195,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     )
     producer.episodes_started = staleness.stats().started
     runner = asyncio.create_task(producer.run())
-    sinks = make_sinks(cfg.logging, run_dir, run_name=cfg.name)
+    # A resumed run redoes the steps after its checkpoint (all of them without one): set their records aside.
+    resume_step = loaded.step if loaded is not None else (-1 if resume else None)
+    sinks = make_sinks(cfg.logging, run_dir, run_name=cfg.name, resume_step=resume_step)
     last: dict[str, float] = {}
     started_at, waited = time.monotonic(), 0.0
     try:
