@@ -180,7 +180,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
         version = int(loaded.policy_version or 0)
         await engine.update_weights(actor.state_dict(), version)
         restore_rng(loaded.rng)
-    queue: asyncio.Queue[list[Trajectory]] = asyncio.Queue()
+    # Bounded by construction: the capacity rule never lets more than `capacity` trajectories (so groups)
+    # be started and not yet trained; the explicit bound makes an accounting bug block, not grow memory.
+    queue: asyncio.Queue[list[Trajectory]] = asyncio.Queue(maxsize=staleness.capacity)
     producer = Producer(
         engine,
         tokenizer,
