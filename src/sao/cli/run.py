@@ -1,0 +1,215 @@
+"""`sao serve`, `sao eval`, `sao plot`, `sao train`: run, evaluate and inspect policies."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from sao.cli.common import _fail, _quiet_transformers, _split_config_args, _stdout, app
+from sao.config import ConfigError, load_config
+
+
+@app.command("serve")
+def serve_command(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory to serve.")],
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    out: Annotated[
+        str | None, typer.Option("--out", help="Append finished sessions (trajectories) to this JSONL file.")
+    ] = None,
+    max_running: Annotated[int, typer.Option(help="Sequences decoded at once.")] = 32,
+    max_tokens: Annotated[int, typer.Option(help="Default max_tokens of a request.")] = 1024,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+    backend: Annotated[str, typer.Option(help="Engine: local (in-process), vllm or sglang.")] = "local",
+    attach: Annotated[
+        str | None, typer.Option(help="vllm/sglang: URL of a running server instead of launching one.")
+    ] = None,
+    engine_python: Annotated[
+        str | None, typer.Option(help="vllm/sglang: python of the virtualenv that has the engine.")
+    ] = None,
+) -> None:
+    """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
+    session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
+    closed by POST /v1/sessions/{id}/reward."""
+    import uvicorn
+
+    from sao.engine.gateway import create_app
+    from sao.engine.local import LocalEngine
+    from sao.models.loading import load_tokenizer
+
+    _quiet_transformers()
+    if backend not in ("local", "vllm", "sglang"):
+        raise _fail(f"error: --backend: must be local, vllm or sglang, got {backend!r}")
+    try:
+        tokenizer = load_tokenizer(model)
+        if backend == "local":
+            engine = LocalEngine(model, device=device, dtype=dtype, max_running=max_running)
+        else:
+            engine = asyncio.run(_remote_engine(backend, model, attach, engine_python))
+    except (OSError, ValueError, RuntimeError, TimeoutError) as err:
+        raise _fail(f"error: {err}", code=1) from None
+    app_ = create_app(
+        engine,
+        tokenizer,
+        model_name=Path(model).name,
+        default_max_tokens=max_tokens,
+        output_path=out,
+        own_engine=True,
+    )
+    typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+async def _remote_engine(backend: str, model: str, attach: str | None, python: str | None) -> Any:
+    """A vLLM or SGLang adapter: attached to ``attach`` or launched on ``model`` with ``python``."""
+    from sao.engine import SGLangEngine, VLLMEngine
+
+    cls = VLLMEngine if backend == "vllm" else SGLangEngine
+    return await (cls.attach(attach) if attach else cls.launch(model, python=python))
+
+
+@app.command("eval")
+def eval_command(
+    model: Annotated[str, typer.Option("--model", help="Checkpoint directory to evaluate.")],
+    tasks: Annotated[
+        list[str],
+        typer.Option("--tasks", help="Task file (JSONL); repeat the option or separate files by commas."),
+    ],
+    env: Annotated[
+        str | None, typer.Option(help="Environment for every task (default: each row's env, else math_tir).")
+    ] = None,
+    k: Annotated[int, typer.Option("--k", help="Samples per problem (Pass@1 is averaged over them).")] = 4,
+    seed: Annotated[int, typer.Option(help="Run seed (each sample's seed derives from it).")] = 0,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
+    top_p: Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")] = 1.0,
+    max_turns: Annotated[
+        int | None, typer.Option(help="Turn limit (default: the env's own, math 50, coding 300).")
+    ] = None,
+    max_tokens_per_turn: Annotated[int, typer.Option(help="Tokens one assistant turn may generate.")] = 1024,
+    max_total_tokens: Annotated[int, typer.Option(help="Token budget of one episode.")] = 16384,
+    concurrency: Annotated[int, typer.Option(help="Episodes run at once.")] = 32,
+    limit: Annotated[int | None, typer.Option(help="Evaluate only the first N tasks of each file.")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Write the full report (JSON) here.")] = None,
+    transcripts: Annotated[
+        bool, typer.Option(help="Keep every sample's decoded episode text in the --out report.")
+    ] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
+) -> None:
+    """Evaluate a checkpoint: every task k times through the agent loop; Pass@1 (mean over the k samples)
+    and pass@k per task file and overall."""
+    from sao.eval import EvalSettings, run_eval, write_report
+
+    _quiet_transformers()
+    paths = [p.strip() for value in tasks for p in value.split(",") if p.strip()]
+    for path in paths:
+        if not Path(path).is_file():
+            raise _fail(f"error: --tasks: {path!r} is not a file")
+    try:
+        settings = EvalSettings(
+            k=k,
+            seed=seed,
+            temperature=temperature,
+            top_p=top_p,
+            max_turns=max_turns,
+            max_tokens_per_turn=max_tokens_per_turn,
+            max_total_tokens=max_total_tokens,
+            concurrency=concurrency,
+            env=env,
+            limit=limit,
+            transcripts=transcripts,
+        )
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+    try:
+        report = run_eval(model, paths, settings, device=device, dtype=dtype)
+    except (OSError, ValueError) as err:  # EnvError is a ValueError
+        raise _fail(f"error: {err}", code=1) from None
+    table = Table(title=f"{Path(model).name}: k={k}, temperature {temperature}, top-p {top_p}, seed {seed}")
+    for column in ("task file", "tasks", "samples", "pass@1", f"pass@{k}", "mean reward", "turns", "errors"):
+        table.add_column(column, no_wrap=True, justify="left" if column == "task file" else "right")
+    rows = [*report["files"].items(), ("overall", report["overall"])]
+    for i, (name, m) in enumerate(rows):
+        table.add_row(
+            name,
+            str(m["tasks"]),
+            str(m["samples"]),
+            f"{m['pass@1']:.3f}",
+            f"{m[f'pass@{k}']:.3f}",
+            f"{m['mean_reward']:.3f}",
+            f"{m['mean_turns']:.1f}",
+            str(m["errors"]),
+            end_section=i == len(rows) - 2,
+        )
+    _stdout().print(table)
+    if out:
+        typer.echo(f"wrote {write_report(report, out)}")
+
+
+@app.command("plot")
+def plot_command(
+    runs: Annotated[
+        list[str], typer.Argument(metavar="RUN_DIR...", help="Run directories (each with metrics.jsonl).")
+    ],
+    out: Annotated[
+        str | None, typer.Option("--out", help="PNG to write (default: FIRST_RUN_DIR/metrics.png).")
+    ] = None,
+    smooth: Annotated[int, typer.Option("--smooth", min=1, help="Smoothing window in points (1: none).")] = 1,
+    smoothing: Annotated[
+        str, typer.Option("--smoothing", help="mean (trailing moving average) or ema (span = --smooth).")
+    ] = "mean",
+) -> None:
+    """Plot the standard panels (reward, critic EV, critic grad norm, DIS masked fraction, policy lag,
+    throughput) of one or more runs into one PNG, runs overlaid."""
+    from sao.runtime.plots import plot_runs, resolve_metrics_file
+
+    if smoothing not in ("mean", "ema"):
+        raise _fail(f"error: --smoothing: must be 'mean' or 'ema', got {smoothing!r}")
+    for run in runs:
+        try:
+            resolve_metrics_file(run)
+        except FileNotFoundError as err:
+            raise _fail(f"error: RUN_DIR: {err}") from None
+    first = Path(runs[0])
+    target = Path(out) if out else (first.parent if first.is_file() else first) / "metrics.png"
+    if target.suffix.lower() != ".png":
+        raise _fail(f"error: --out: must end in .png, got {str(target)!r}")
+    try:
+        path = plot_runs(runs, target, window=smooth, kind=smoothing)  # type: ignore[arg-type]  # checked
+    except OSError as err:
+        raise _fail(f"error: cannot write {str(target)!r}: {err}", code=1) from None
+    typer.echo(f"wrote {path}")
+
+
+@app.command("train")
+def train_command(
+    args: Annotated[
+        list[str] | None,
+        typer.Argument(metavar="[CONFIG.yaml] [KEY=VALUE]...", help="Config file, then dotted overrides."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in logging.run_dir.")
+    ] = False,
+) -> None:
+    """Asynchronous RL training (or sync with runtime.mode=sync): engine, producer, trainer in one process."""
+    path, overrides = _split_config_args(args or [])
+    try:
+        cfg = load_config(path, overrides)
+    except ConfigError as err:
+        raise _fail(f"error: {err}") from None
+    from sao.runtime.runner import train_sync_entry
+
+    _quiet_transformers()
+    try:
+        result = train_sync_entry(cfg, resume=resume)
+    except (OSError, ValueError) as err:
+        raise _fail(f"error: {err}", code=1) from None
+    typer.echo(
+        f"trained {result.steps} steps (policy version {result.policy_version}); run dir {result.run_dir}; "
+        f"trajectories {result.counters}"
+    )
