@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from sao import __version__
+from sao.config import ConfigError, RunConfig, load_config
 
 app = typer.Typer(
     name="sao",
@@ -63,3 +64,18 @@ def _split_config_args(args: list[str]) -> tuple[str | None, list[str]]:
     if args and "=" not in args[0]:
         return args[0], args[1:]
     return None, args
+
+
+ConfigArgs = Annotated[
+    list[str] | None,
+    typer.Argument(metavar="[CONFIG.yaml] [KEY=VALUE]...", help="Config file, then dotted overrides."),
+]
+
+
+def _config_from_args(args: list[str] | None) -> RunConfig:
+    """The run config named by a command's ``[CONFIG.yaml] [KEY=VALUE]...`` arguments; exits 2 on errors."""
+    path, overrides = _split_config_args(args or [])
+    try:
+        return load_config(path, overrides)
+    except ConfigError as err:
+        raise _fail(f"error: {err}") from None

@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated
 
 import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from sao.cli.common import _fail, _split_config_args, _stdout, app
-from sao.config import AlgoConfig, ConfigError, CriticConfig, dump_config, load_config
+from sao.cli.common import ConfigArgs, _config_from_args, _stdout, app
+from sao.config import AlgoConfig, CriticConfig, dump_config
 from sao.presets import PRESET_DESCRIPTIONS, PRESETS
 
 
 @app.command("config")
 def config_command(
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="[CONFIG.yaml] [KEY=VALUE]...", help="Config file, then dotted overrides."),
-    ] = None,
+    args: ConfigArgs = None,
 ) -> None:
     """Load and validate a config, then print it fully resolved (defaults, preset, file, overrides)."""
-    path, overrides = _split_config_args(args or [])
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as err:
-        raise _fail(f"error: {err}") from None
+    cfg = _config_from_args(args)
     text = dump_config(cfg)
     if sys.stdout.isatty():
         _stdout().print(Syntax(text, "yaml", background_color="default"))

@@ -9,8 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sao.cli.common import _fail, _quiet_transformers, _split_config_args, _stdout, app
-from sao.config import ConfigError, load_config
+from sao.cli.common import ConfigArgs, _config_from_args, _fail, _quiet_transformers, _stdout, app
 
 
 @app.command("serve")
@@ -188,20 +187,13 @@ def plot_command(
 
 @app.command("train")
 def train_command(
-    args: Annotated[
-        list[str] | None,
-        typer.Argument(metavar="[CONFIG.yaml] [KEY=VALUE]...", help="Config file, then dotted overrides."),
-    ] = None,
+    args: ConfigArgs = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in logging.run_dir.")
     ] = False,
 ) -> None:
     """Asynchronous RL training (or sync with runtime.mode=sync): engine, producer, trainer in one process."""
-    path, overrides = _split_config_args(args or [])
-    try:
-        cfg = load_config(path, overrides)
-    except ConfigError as err:
-        raise _fail(f"error: {err}") from None
+    cfg = _config_from_args(args)
     from sao.runtime.runner import train_sync_entry
 
     _quiet_transformers()
