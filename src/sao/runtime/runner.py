@@ -69,11 +69,6 @@ def _tasks(cfg: RunConfig) -> list[Task]:
         ) from None
 
 
-def _holds_a_run(run_dir: Path) -> bool:
-    metrics = run_dir / METRICS_FILE
-    return (metrics.is_file() and metrics.stat().st_size > 0) or any((run_dir / "checkpoints").glob("step_*"))
-
-
 def _env_factory(cfg: RunConfig) -> Callable[[], Env]:
     """A builder of fresh envs (one per episode); builds one now so a bad name or kwargs fail at startup."""
     build = functools.partial(make_env, cfg.data.env, **cfg.data.env_kwargs)
@@ -135,7 +130,9 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
 
     console = console or Console(stderr=True)
     run_dir = Path(cfg.logging.run_dir)
-    if not resume and _holds_a_run(run_dir):
+    ckpts = CheckpointManager(run_dir, keep_last=cfg.logging.keep_checkpoints)
+    logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
+    if not resume and (logged or ckpts.latest() is not None):
         raise ConfigError(
             f"logging.run_dir: {str(run_dir)!r} already holds a run (metrics or checkpoints); "
             "resume it with --resume, or pick another run directory"
@@ -144,7 +141,6 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     env_factory = _env_factory(cfg)
     set_seed(cfg.trainer.seed)
-    ckpts = CheckpointManager(run_dir, keep_last=cfg.logging.keep_checkpoints)
     loaded = ckpts.load() if resume and ckpts.latest() is not None else None
     base = model_from_config(cfg.model, run_dir.parent / ".sao-models", seed=cfg.trainer.seed)
     actor_dir = loaded.actor_dir if loaded else base
