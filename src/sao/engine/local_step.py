@@ -20,21 +20,9 @@ from torch import Tensor, nn
 from sao.engine.kv_cache import PrefillSegment, SlotKVCache, StepPlan
 from sao.engine.local_request import Request
 from sao.engine.sampling import sample
+from sao.models.forward import lm_parts
 
-__all__ = ["StepResult", "StepRunner", "lm_parts"]
-
-
-def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """(backbone, LM head), refusing models whose logits are transformed after the head (as the trainer's
-    `token_logprobs` does, so both compute the same distribution)."""
-    backbone = getattr(model, "base_model", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if backbone is None or backbone is model or head is None:
-        raise TypeError(f"{type(model).__name__} is not a causal LM with a backbone and an output head")
-    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(model.config, name, None) not in (None, 1, 1.0):
-            raise NotImplementedError(f"{type(model).__name__} transforms its logits ({name}); not supported")
-    return backbone, head
+__all__ = ["StepResult", "StepRunner"]
 
 
 class StepResult(NamedTuple):

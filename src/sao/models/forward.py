@@ -27,7 +27,7 @@ from torch.utils.checkpoint import checkpoint
 from sao.models.attention import packed_attention_kwargs, packed_context
 from sao.types import Batch
 
-__all__ = ["token_logprobs", "token_values"]
+__all__ = ["lm_parts", "token_logprobs", "token_values"]
 
 
 def _check_prefixes(batch: Batch) -> None:
@@ -107,7 +107,9 @@ def _chunked_head(
     return torch.cat(logprobs), (torch.cat(entropies) if with_entropy else None)
 
 
-def _lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+def lm_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """(backbone, LM head), refusing models whose logits are transformed after the head (softcapping,
+    logit scales): the trainer's log-probs and the engine's sampling both apply the head alone."""
     backbone = getattr(model, "base_model", None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if backbone is None or backbone is model or head is None:
@@ -140,7 +142,7 @@ def token_logprobs(
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
     _check_prefixes(batch)
-    backbone, head = _lm_parts(model)
+    backbone, head = lm_parts(model)
     logprobs, entropies = [], []
     for part in _micro_batches(batch, micro_batch_tokens):
         hidden = _backbone_hidden(backbone, part)
