@@ -166,6 +166,35 @@ class HTTPEngine:
         `_commit_version` while paused; resume even on failure."""
         raise NotImplementedError
 
+    @classmethod
+    async def attach(cls, base_url: str, **kwargs: Any) -> Any:
+        """An adapter for the running server at ``base_url`` (settings read from the server)."""
+        raise NotImplementedError
+
+    # ---- launching ----------------------------------------------------------------------------------------
+
+    @classmethod
+    async def _start_and_attach(
+        cls,
+        argv: Sequence[str],
+        base_url: str,
+        *,
+        env: Mapping[str, str],
+        timeout_s: float,
+        log_path: str | Path | None,
+        **kwargs: Any,
+    ) -> Any:
+        """Start the server ``argv`` (a `ServerProcess`) and `attach` to it, the adapter owning the process;
+        the server is stopped again if attaching fails."""
+        server = await asyncio.to_thread(
+            ServerProcess.start, argv, base_url, env=env, timeout_s=timeout_s, log_path=log_path
+        )
+        try:
+            return await cls.attach(server.base_url, server=server, **kwargs)
+        except BaseException:
+            await asyncio.to_thread(server.stop)
+            raise
+
     # ---- InferenceEngine --------------------------------------------------------------------------------
 
     @property

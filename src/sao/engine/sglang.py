@@ -32,7 +32,6 @@ multi-node GPU training; they need a GPU trainer and are not used here.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import sys
@@ -43,7 +42,7 @@ from typing import Any
 import httpx
 
 from sao.engine.http_server import HTTPEngine, TokenDelta
-from sao.engine.server_process import ServerProcess, free_port
+from sao.engine.server_process import free_port
 from sao.engine.types import FinishReason, Generation, InvalidRequestError, SamplingParams
 
 __all__ = [
@@ -277,19 +276,10 @@ class SGLangEngine(HTTPEngine):
         server_env = dict(os.environ)
         server_env.setdefault("HF_HUB_OFFLINE", "1")
         server_env.update(env or {})
-        server = await asyncio.to_thread(
-            ServerProcess.start,
-            argv,
-            f"http://{host}:{port}",
-            env=server_env,
-            timeout_s=startup_timeout_s,
-            log_path=log_path,
-        )
-        try:
-            return await cls.attach(server.base_url, server=server, config_dir=model_dir, **kwargs)
-        except BaseException:
-            await asyncio.to_thread(server.stop)
-            raise
+        return await cls._start_and_attach(
+            argv, f"http://{host}:{port}", env=server_env, timeout_s=startup_timeout_s, log_path=log_path,
+            config_dir=model_dir, **kwargs,
+        )  # fmt: skip
 
     def _request_body(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str

@@ -36,7 +36,6 @@ take that path.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -46,7 +45,7 @@ from typing import Any
 import httpx
 
 from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta
-from sao.engine.server_process import ServerProcess, free_port
+from sao.engine.server_process import free_port
 from sao.engine.types import FinishReason, InvalidRequestError, SamplingParams
 
 __all__ = ["VLLMEngine", "completion_request", "parse_chunk", "vllm_server_command", "vllm_server_env"]
@@ -239,20 +238,11 @@ class VLLMEngine(HTTPEngine):
             max_model_len=max_model_len,
             extra_args=extra_args,
         )
-        server = await asyncio.to_thread(
-            ServerProcess.start,
-            argv,
-            f"http://{host}:{port}",
-            env=vllm_server_env(env),
-            timeout_s=startup_timeout_s,
-            log_path=log_path,
-        )
         kwargs.setdefault("prefix_caching", "--enable-prefix-caching" in extra_args)
-        try:
-            return await cls.attach(server.base_url, server=server, **kwargs)
-        except BaseException:
-            await asyncio.to_thread(server.stop)
-            raise
+        return await cls._start_and_attach(
+            argv, f"http://{host}:{port}", env=vllm_server_env(env), timeout_s=startup_timeout_s,
+            log_path=log_path, **kwargs,
+        )  # fmt: skip
 
     def _request_body(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, request_id: str
