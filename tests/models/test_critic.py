@@ -9,7 +9,9 @@ from torch import nn
 from sao.models.critic import CriticModel, load_critic
 from sao.models.forward import token_values
 from sao.models.freezing import apply_freeze, trainable_parameters
-from sao.types import Batch, Trajectory
+from sao.types import Batch
+
+from . import batches
 
 
 @pytest.fixture(params=["moe", "dense"])
@@ -18,23 +20,8 @@ def policy_dir(request, tiny_moe_dir, tiny_dense_dir):
 
 
 def make_batch(lengths=(3, 11, 6), seed=0) -> Batch:
-    """Trajectories of the given lengths: one prompt token, then action tokens; outcome reward = index."""
-    g = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i, n in enumerate(lengths):
-        action = [0] + [1] * (n - 1)
-        trajs.append(
-            Trajectory(
-                prompt_id=f"p{i}",
-                token_ids=torch.randint(0, 300, (n,), generator=g).tolist(),
-                action_mask=action,
-                rollout_logprobs=[-1.0 * a for a in action],
-                versions=[0 if a else -1 for a in action],
-                turn_ids=[-1] + [0] * (n - 1),
-                rewards=[float(i)],
-            )
-        )
-    return Batch.from_trajectories(trajs)
+    """Outcome reward = trajectory index."""
+    return batches.make_batch(lengths, seed, rewards=range(len(lengths)))
 
 
 def value_step(critic: CriticModel, optimizer: torch.optim.Optimizer, batch: Batch) -> None:

@@ -16,7 +16,9 @@ from sao.models.attention import (
 )
 from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
-from sao.types import Batch, Trajectory
+from sao.types import Batch
+
+from . import batches
 
 LENGTHS = (2, 19, 7, 13, 5)
 
@@ -31,23 +33,7 @@ def model(request, tiny_moe_dir, tiny_dense_dir):
 
 
 def make_batch(lengths=LENGTHS, seed=0, vocab=300) -> Batch:
-    """Trajectories of the given lengths: one prompt token, then action tokens."""
-    g = torch.Generator().manual_seed(seed)
-    trajs = []
-    for i, n in enumerate(lengths):
-        action = [0] + [1] * (n - 1)
-        trajs.append(
-            Trajectory(
-                prompt_id=f"p{i}",
-                token_ids=torch.randint(0, vocab, (n,), generator=g).tolist(),
-                action_mask=action,
-                rollout_logprobs=[-1.0 * a for a in action],
-                versions=[0 if a else -1 for a in action],
-                turn_ids=[-1] + [0] * (n - 1),
-                rewards=[1.0],
-            )
-        )
-    return Batch.from_trajectories(trajs)
+    return batches.make_batch(lengths, seed, vocab)
 
 
 def full_logits(model, batch: Batch, temperature=1.0) -> torch.Tensor:
