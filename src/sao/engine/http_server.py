@@ -43,12 +43,35 @@ __all__ = [
     "ServerError",
     "ServerProcess",
     "TokenDelta",
+    "checked_prompt",
     "error_message",
     "free_port",
     "parse_sse_line",
 ]
 
 SSE_DONE = object()  # what `parse_sse_line` returns for ``data: [DONE]``
+
+
+def checked_prompt(
+    prompt_token_ids: Sequence[int], params: SamplingParams, max_model_len: int | None
+) -> tuple[list[int], int]:
+    """``(prompt, max_new_tokens)`` of a request to a server: ``params.max_new_tokens`` capped by the context
+    left after the prompt when ``max_model_len`` is known. Raises `InvalidRequestError` for invalid params,
+    an empty prompt, a non-integer or negative token id, or a prompt that leaves no room for one new token."""
+    params.validate()
+    prompt = list(prompt_token_ids)
+    if not prompt:
+        raise InvalidRequestError("prompt_token_ids is empty")
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
+        raise InvalidRequestError("prompt_token_ids must be non-negative ints")
+    if max_model_len is None:
+        return prompt, params.max_new_tokens
+    room = max_model_len - len(prompt)
+    if room < 1:
+        raise InvalidRequestError(
+            f"prompt has {len(prompt)} tokens; the server's context limit {max_model_len} leaves no room"
+        )
+    return prompt, min(params.max_new_tokens, room)
 
 
 def parse_sse_line(line: str) -> Any:

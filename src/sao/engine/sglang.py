@@ -41,9 +41,9 @@ from typing import Any
 
 import httpx
 
-from sao.engine.http_server import HTTPEngine, TokenDelta
+from sao.engine.http_server import HTTPEngine, TokenDelta, checked_prompt
 from sao.engine.server_process import free_port
-from sao.engine.types import FinishReason, Generation, InvalidRequestError, SamplingParams
+from sao.engine.types import FinishReason, Generation, SamplingParams
 
 __all__ = [
     "SGLangEngine",
@@ -70,20 +70,7 @@ def generate_request(
     Raises `InvalidRequestError` for invalid params, an empty prompt, a non-integer or negative token id, or a
     prompt that leaves no room for one new token.
     """
-    params.validate()
-    prompt = list(prompt_token_ids)
-    if not prompt:
-        raise InvalidRequestError("prompt_token_ids is empty")
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
-        raise InvalidRequestError("prompt_token_ids must be non-negative ints")
-    max_new_tokens = params.max_new_tokens
-    if max_model_len is not None:
-        room = max_model_len - len(prompt)
-        if room < 1:
-            raise InvalidRequestError(
-                f"prompt has {len(prompt)} tokens; the server's context limit {max_model_len} leaves no room"
-            )
-        max_new_tokens = min(max_new_tokens, room)
+    prompt, max_new_tokens = checked_prompt(prompt_token_ids, params, max_model_len)
     sampling: dict[str, Any] = {
         "max_new_tokens": max_new_tokens,
         "temperature": params.temperature,

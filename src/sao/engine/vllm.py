@@ -44,9 +44,9 @@ from typing import Any
 
 import httpx
 
-from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta
+from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta, checked_prompt
 from sao.engine.server_process import free_port
-from sao.engine.types import FinishReason, InvalidRequestError, SamplingParams
+from sao.engine.types import FinishReason, SamplingParams
 
 __all__ = ["VLLMEngine", "completion_request", "parse_chunk", "vllm_server_command", "vllm_server_env"]
 
@@ -68,21 +68,11 @@ def completion_request(
     Raises `InvalidRequestError` for invalid params, an empty prompt, a non-integer or negative token id, or a
     prompt that leaves no room for one new token.
     """
-    params.validate()
-    prompt = list(prompt_token_ids)
-    if not prompt:
-        raise InvalidRequestError("prompt_token_ids is empty")
-    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt):
-        raise InvalidRequestError("prompt_token_ids must be non-negative ints")
-    room = max_model_len - len(prompt)
-    if room < 1:
-        raise InvalidRequestError(
-            f"prompt has {len(prompt)} tokens; the server's context limit {max_model_len} leaves no room"
-        )
+    prompt, max_tokens = checked_prompt(prompt_token_ids, params, max_model_len)
     return {
         "model": model,
         "prompt": prompt,
-        "max_tokens": min(params.max_new_tokens, room),
+        "max_tokens": max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
         "top_k": params.top_k,
