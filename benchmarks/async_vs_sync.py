@@ -1,9 +1,11 @@
 """Benchmark: asynchronous SAO vs synchronous GRPO vs synchronous single-rollout, end to end on CPU.
 
 Same tiny Qwen3-MoE (fp32, CPU), same environment, same batch of trajectories per trainer step, same number
-of trainer steps, all in this one process with the same torch thread count (default 2, for generation and
-training alike). The environment is ``long_tail`` (`sao.envs.long_tail`): turn counts drawn from a heavy
-tail (75 % of episodes take 1-2 turns, 10 % take 6-8), short replies, a deterministic letter rule as reward.
+of trainer steps, all in this one process with the same torch intra-op thread count (default 1, for
+generation and training alike: on these tiny models 2 intra-op threads make every mode slower, sync modes
+about 2x, so 1 gives each mode its best; async still runs engine and trainer on two Python threads).
+The environment is ``long_tail`` (`sao.envs.long_tail`): turn counts drawn from a heavy tail (75 % of
+episodes take 1-2 turns, 10 % take 6-8), short replies, a deterministic letter rule as reward.
 By default (``--turns episode``) each episode draws its own turn count, so the 8 samples of a GRPO group
 differ in length as agentic episodes do; ``--turns task`` fixes the count per prompt (every sample of a
 group equally long, which favours group sampling: a batch of 2 prompts x 8 rarely holds a long prompt).
@@ -20,7 +22,7 @@ idle fraction (engine loop with nothing to run / engine uptime), both from the l
 every run the per-token policy lag histogram (trainer version − version that generated the token) and the
 per-trajectory version span, captured from the batches the trainer sees.
 
-    python benchmarks/async_vs_sync.py      # default: 30 steps x 16 trajectories, ~70 s on 2 cores
+    python benchmarks/async_vs_sync.py      # default: 30 steps x 16 trajectories, ~45 s on 2 cores
     python benchmarks/async_vs_sync.py --steps 30 --size small --max-new-tokens 64 --max-total-tokens 1200
 """
 
@@ -133,7 +135,9 @@ def main() -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=32, help="tokens per model turn")
     parser.add_argument("--max-total-tokens", type=int, default=600)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads, all runs")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads, all runs (1: fastest for every mode)"
+    )
     parser.add_argument("--modes", default="async,grpo,single", help="comma-separated subset, in run order")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-warmup", dest="warmup", action="store_false", help="skip the untimed warm-up")
