@@ -19,8 +19,8 @@ from torch import Tensor
 
 __all__ = ["STRAY_REWARD_MSG", "chain_gae_cpu", "numba_available"]
 
-# numba's default "workqueue" threading layer aborts the process on concurrent parallel launches; the
-# async runtime may call GAE from more than one thread, so launches are serialised.
+# numba's "workqueue" threading layer aborts the process on concurrent parallel launches; the async runtime
+# may call GAE from more than one thread, so launches are serialised.
 _LAUNCH_LOCK = threading.Lock()
 
 STRAY_REWARD_MSG = "rewards must be 0 on non-action tokens (put the outcome on the last action token)"
@@ -34,6 +34,12 @@ def _kernel() -> Callable[..., None] | None:
         import numba
     except ImportError:
         return None
+    # Left to itself numba prefers an OpenMP pool of one thread per core whose idle threads spin: a process
+    # that set torch to 1 thread would burn a second core between GAE calls (measured: the trainer's step
+    # used 2 cores and slowed a separate engine process). workqueue threads sleep; NUMBA_THREADING_LAYER
+    # still overrides.
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        numba.config.THREADING_LAYER = "workqueue"
 
     @numba.njit(parallel=True, cache=True, nogil=True)
     def chain_gae(
@@ -106,7 +112,11 @@ def chain_gae_cpu(
         (gamma * lam).to(torch.float64).contiguous().numpy(),
         float(gamma),
     )
+    import numba
+
     with _LAUNCH_LOCK:
+        # The caller's torch thread budget bounds the kernel's threads too (numba defaults to every core).
+        numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
         kernel(*args, adv.numpy(), ret.numpy(), stray.numpy())
     if bool(stray.any()):
         raise ValueError(STRAY_REWARD_MSG)
