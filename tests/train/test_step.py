@@ -234,6 +234,30 @@ def test_micro_batches_are_normalised_by_the_whole_batch(agg, tiny_moe_dir):
         assert split[key] == pytest.approx(whole[key], rel=1e-4), key
 
 
+def test_one_micro_batch_takes_the_targets_from_the_first_critic_step_forward(tiny_moe_dir):
+    """With one micro-batch the pre-update values come from critic step 1's forward: K + 1 critic forwards
+    (K steps, the recompute) instead of K + 2, and the same critic, values and metrics as two
+    micro-batches."""
+    runs = []
+    for tokens in (40, 1000):  # two micro-batches (separate no-grad forward) vs one (reused forward)
+        cfg = _config("sao", f"trainer.micro_batch_tokens={tokens}", "algo.k_critic=2")
+        actor, critic = _models(tiny_moe_dir, cfg)
+        calls: list[bool] = []
+        critic.register_forward_hook(lambda *_, calls=calls: calls.append(torch.is_grad_enabled()))
+        metrics = Trainer(actor, critic, cfg).train_step(
+            _on_policy_batch(actor, _trajectories()), policy_version=1
+        )
+        runs.append((metrics, calls, [p.detach().clone() for p in critic.parameters()]))
+    (split, split_calls, split_params), (whole, whole_calls, whole_params) = runs
+    assert split_calls == [False, False, True, True, True, True, False, False]  # per part: V0, 2 steps, V
+    assert whole_calls == [True, True, False]
+    for key in ("critic/explained_variance", "critic/explained_variance_after", "critic/value_mean",
+                "critic/value_loss", "critic/value_loss_last", "critic/grad_norm"):  # fmt: skip
+        assert split[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-6), key
+    for a, b in zip(split_params, whole_params, strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
 def test_trainer_needs_a_critic_for_gae_presets(tiny_moe_dir):
     cfg = _config("sao")
     actor, _ = _models(tiny_moe_dir, cfg)

@@ -7,7 +7,8 @@ module saves). Does not own: rollouts, weight sync to the engine, checkpoints on
 
 One `Trainer.train_step` on a batch:
 
-1. critic values V (no grad) and critic targets with λ_critic (the registry's ``returns``);
+1. critic values V (no grad; with a single micro-batch, taken from the first critic step's forward) and
+   critic targets with λ_critic (the registry's ``returns``);
 2. ``algo.k_critic`` critic optimizer steps on that batch, targets fixed;
 3. V recomputed with the updated critic (``critic.recompute_values``);
 4. policy advantages by the preset's estimator (policy λ, length-adaptive);
@@ -209,7 +210,16 @@ class Trainer:
         """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic."""
         assert self.critic is not None and self.critic_optim is not None
         ccfg = self.cfg.critic
-        old_values = self._values(parts)
+        k_critic = self.cfg.algo.k_critic
+        # One micro-batch: the first critic step's forward (with grad) also gives the pre-update values the
+        # targets need, so the separate no-grad forward is skipped (same values: same weights, same input).
+        first: Tensor | None = None
+        if len(parts) == 1 and k_critic >= 1:
+            self.critic_optim.zero_grad(set_to_none=True)
+            first = token_values(self.critic, parts[0]).float()
+            old_values = first.detach()
+        else:
+            old_values = self._values(parts)
         targets = self._advantages(batch, old_values)
         assert targets.returns is not None
         returns = targets.returns.detach()
@@ -218,11 +228,13 @@ class Trainer:
         denominator = max(float(mask.sum()), 1.0)
         slices = _token_slices(parts)
         losses, norms = [], []
-        for _ in range(self.cfg.algo.k_critic):
-            self.critic_optim.zero_grad(set_to_none=True)
+        for _ in range(k_critic):
+            if first is None:
+                self.critic_optim.zero_grad(set_to_none=True)
             total = 0.0
             for part, sl in zip(parts, slices, strict=True):
-                v = token_values(self.critic, part).float()
+                v = first if first is not None else token_values(self.critic, part).float()
+                first = None
                 loss, _ = value_loss(
                     v, returns[sl], mask[sl], old_values[sl], ccfg.value_clip, denominator=denominator
                 )
