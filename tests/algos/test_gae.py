@@ -455,3 +455,24 @@ def test_concurrent_calls_from_threads_give_identical_results(gae_path):
     for t in threads:
         t.join()
     assert not mismatches
+
+
+def test_the_numba_kernel_keeps_to_the_torch_thread_budget_and_does_not_spin():
+    """numba's default OpenMP pool uses every core and its idle threads spin: a 1-thread trainer would burn
+    a second core. The kernel runs on the sleeping workqueue pool with at most torch's thread count."""
+    from sao.algos.kernels import chain_gae_cpu, numba_available
+
+    if not numba_available():
+        pytest.skip("numba is not installed (or SAO_NUMBA=0)")
+    import numba
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        ones = torch.ones(4, dtype=torch.bool)
+        rewards = torch.tensor([0.0, 0.0, 0.0, 1.0])
+        adv, _ = chain_gae_cpu(rewards, torch.zeros(4), ones, ones, torch.tensor([0, 4]), 1.0, torch.ones(1))
+        assert adv.tolist() == [1.0, 1.0, 1.0, 1.0]
+        assert numba.threading_layer() == "workqueue" and numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
