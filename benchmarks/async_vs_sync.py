@@ -71,6 +71,8 @@ def _overrides(args: argparse.Namespace, run_dir: Path, mode: str) -> list[str]:
         f"trainer.seed={args.seed}", f"data.seed={args.seed}",
         f"logging.run_dir={run_dir}", "logging.tensorboard=false", f"logging.checkpoint_every={10**6}",
     ]  # fmt: skip
+    engine = args.engine if mode == "async" else args.sync_engine
+    common += [f"engine.backend={engine}", f"engine.threads={args.threads}"]
     if args.env == "long_tail":
         common.append(f"data.env_kwargs={{turns: {args.turns}}}")
     if mode == "async":
@@ -137,6 +139,13 @@ def main() -> None:
     parser.add_argument("--max-total-tokens", type=int, default=600)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads, all runs (1: fastest for every mode)"
+    )
+    parser.add_argument(
+        "--engine", default="process", choices=["process", "local"],
+        help="async run's engine: its own process (default) or a thread of the trainer's process",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sync-engine", default="local", choices=["process", "local"], help="sync runs' engine"
     )
     parser.add_argument("--modes", default="async,grpo,single", help="comma-separated subset, in run order")
     parser.add_argument("--seed", type=int, default=0)

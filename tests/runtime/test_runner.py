@@ -38,6 +38,26 @@ def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "step_00000003").is_dir()
 
 
+def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_version(tmp_path):
+    """``engine.backend=process``: value pretraining rollouts, generation and the weight pushes go to a child
+    process; the run is otherwise the same pipeline."""
+    result = train_sync_entry(_cfg(tmp_path / "run", "engine.backend=process", "engine.threads=1"))
+    assert (result.steps, result.policy_version) == (3, 3)
+    c = result.counters
+    assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "reward/mean" in r]
+    assert [r["policy/version"] for r in steps] == [1, 2, 3]
+    assert all(0.0 <= r["runtime/engine_idle_frac"] <= 1.0 for r in steps)  # the child's own stats
+    assert any("value_pretrain/corpus_size" in r for r in lines)
+
+
+def test_server_engines_are_refused_by_train_with_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"engine\.backend: 'vllm' is not supported by `sao train`"):
+        train_sync_entry(_cfg(tmp_path / "run", "engine.backend=vllm"))
+    assert not (tmp_path / "run").exists()
+
+
 def test_async_sao_from_scratch_raises_the_reward(tmp_path):
     """The real thing, small: async SAO (critic pretrained on rollouts, K=2, DIS, skip-observation GAE) on a
     randomly initialised test-size model in ``long_tail``, whose reward is the share of replies that contain

@@ -100,7 +100,14 @@ class CriticConfig(_Section):
 class EngineConfig(_Section):
     """Rollout generation (SPEC 4: evaluation samples at temperature 1.0, top-p 1.0)."""
 
-    backend: Literal["local", "vllm", "sglang"] = Field("local", description="Inference engine.")
+    backend: Literal["local", "process", "vllm", "sglang"] = Field(
+        "local",
+        description="Inference engine: 'local' in the trainer's process (a thread), 'process' the same "
+        "engine in a child process of its own (no shared interpreter lock), 'vllm'/'sglang' servers.",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="backend=process: torch threads of the engine process (null: torch default)."
+    )
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; DIS ratios are exact at 1.0.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")

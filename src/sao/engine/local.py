@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from sao.engine.futures import threadsafe_setter
 from sao.engine.kv_cache import ENGINE_ATTENTION, SlotKVCache
 from sao.engine.local_request import Request, StopChecker, check_request
 from sao.engine.local_scheduler import Scheduler
@@ -66,25 +67,6 @@ class _Update:
     state: dict[str, Tensor]
     version: int
     deliver: Callable[[BaseException | None], None]
-
-
-def _threadsafe_setter(loop: asyncio.AbstractEventLoop, future: asyncio.Future) -> Callable[[Any], None]:
-    """A callable any thread may call once to resolve ``future`` (an exception instance is raised there)."""
-
-    def settle(result: Any) -> None:
-        if future.done():
-            return
-        if isinstance(result, BaseException):
-            future.set_exception(result)
-        else:
-            future.set_result(result)
-
-    def deliver(result: Any) -> None:
-        # RuntimeError: the caller's event loop is closed, nobody is waiting any more.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(settle, result)
-
-    return deliver
 
 
 class LocalEngine:
@@ -193,7 +175,7 @@ class LocalEngine:
             params=params,
             kv_reserve=min(len(prompt) + params.max_new_tokens, self.context_limit),
             generator=torch.Generator().manual_seed(seed),
-            deliver=_threadsafe_setter(loop, future),
+            deliver=threadsafe_setter(loop, future),
         )
         self._submit(request)
         try:
@@ -224,7 +206,7 @@ class LocalEngine:
             if self._closing:
                 raise RuntimeError("LocalEngine is closed")
             self._latest_requested_version = version
-            self._updates.append(_Update(state, version, _threadsafe_setter(loop, future)))
+            self._updates.append(_Update(state, version, threadsafe_setter(loop, future)))
             self._cond.notify_all()
         await future
         self._last_update_latency_s = time.perf_counter() - started

@@ -27,6 +27,7 @@ from pathlib import Path
 from rich.console import Console
 
 from sao.config import ConfigError, RunConfig, dump_config
+from sao.engine.types import InferenceEngine
 from sao.envs.base import Env, EnvError, Task, make_env
 from sao.rollout.agent_loop import AgentLoopConfig
 from sao.types import Batch, Trajectory
@@ -115,9 +116,29 @@ async def _pretrain_critic(
     }
 
 
+def _check_engine_backend(cfg: RunConfig) -> None:
+    if cfg.engine.backend in ("vllm", "sglang"):
+        raise ConfigError(
+            f"engine.backend: {cfg.engine.backend!r} is not supported by `sao train` yet (it serves "
+            "`sao serve`); use 'local' or 'process'"
+        )
+
+
+def _make_engine(cfg: RunConfig, actor_dir: Path, tokenizer_dir: Path, tokenizer) -> InferenceEngine:
+    """The rollout engine of ``engine.backend``: the local engine in this process or in a child process."""
+    kwargs = dict(device=cfg.model.device, dtype=cfg.model.dtype, max_running=cfg.engine.max_concurrent,
+                  seed=cfg.trainer.seed)  # fmt: skip
+    if cfg.engine.backend == "process":
+        from sao.engine.process import ProcessEngine
+
+        return ProcessEngine(actor_dir, tokenizer_dir, threads=cfg.engine.threads, **kwargs)
+    from sao.engine import LocalEngine
+
+    return LocalEngine(actor_dir, tokenizer, **kwargs)
+
+
 async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> RunResult:
     """Run (or resume) the training job described by ``cfg``; see the module docstring."""
-    from sao.engine import LocalEngine
     from sao.models.attention import enable_packed_attention
     from sao.models.critic import load_critic
     from sao.models.loading import load_policy, load_tokenizer, model_from_config
@@ -129,6 +150,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     from .progress import TrainingProgress
 
     console = console or Console(stderr=True)
+    _check_engine_backend(cfg)
     run_dir = Path(cfg.logging.run_dir)
     ckpts = CheckpointManager(run_dir, keep_last=cfg.logging.keep_checkpoints)
     logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
@@ -150,8 +172,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     if cfg.algo.uses_critic:
         critic_dir = loaded.critic_dir if loaded and loaded.critic_dir else base
         critic = load_critic(critic_dir, freeze="none", dtype=cfg.model.dtype, device=cfg.model.device)
-    engine = LocalEngine(actor_dir, tokenizer, device=cfg.model.device, dtype=cfg.model.dtype,
-                         max_running=cfg.engine.max_concurrent, seed=cfg.trainer.seed)  # fmt: skip
+    engine = _make_engine(cfg, actor_dir, base, tokenizer)
     tasks, loop_cfg = _tasks(cfg), _loop_cfg(cfg)
     sync = cfg.runtime.mode == "sync"
     batch_size = cfg.trainer.batch_size

@@ -1,0 +1,518 @@
+"""`ProcessEngine`: the `LocalEngine` in a child process of its own, behind the same `InferenceEngine` API.
+
+Why. In one process the local engine's decode loop (Python work every step) and the trainer's
+forward/backward share the interpreter lock, so an asynchronous run overlaps them only partly. With the
+engine in its own process (its own interpreter, its own torch threads, ``threads``) generation and training
+run truly in parallel, e.g. one CPU core each: the layout the paper and AReaL use with separate devices.
+
+Protocol. The child is ``python -m sao.engine.process FD``; one private socket pair (a
+``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options, threads)``,
+``("generate", rid, prompt, params)``, ``("cancel", rid)``, ``("update", rid, version, payload)``,
+``("close",)``. Child → parent:
+``("ready", info)`` or ``("failed", traceback)`` once at start, then ``("result", rid, Generation, stats)``,
+``("invalid", rid, message, stats)``, ``("updated", rid, error, stats)`` and ``("closed", stats)``. The
+parent validates requests itself (`check_request`, with the vocabulary size and context limit the child
+reported) so an invalid request fails at once, without a round trip.
+
+Weights. A state dict crosses the pipe once as a few shared-memory buffers (`SharedWeights`: one flat
+memory-mapped CPU buffer per dtype; the tensors are views into them); later updates with the same names and
+shapes copy into those buffers and send only the version; any other state dict is shared anew; a checkpoint
+directory is sent as its path. The parent writes the buffers only while no update is in flight: updates are
+serialised and each waits for the child's acknowledgement, which the child sends once its engine has copied
+the buffers into the model (`LocalEngine.update_weights`), so the child never reads a half-written buffer.
+Versions and in-flight semantics are the local engine's: an update never aborts a request.
+
+Failure. If the child dies, every pending generation finishes with ``finish_reason="error"`` (with the
+exit code), later requests too, and `update_weights` raises RuntimeError. `close` asks the child to close
+its engine (pending requests finish with ``"abort"``) and kills it if it does not exit in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from sao.engine.futures import threadsafe_setter
+from sao.engine.local_request import check_request
+from sao.engine.types import Generation, InvalidRequestError, SamplingParams, WeightsLike
+
+__all__ = ["ProcessEngine", "SharedWeights"]
+
+_READY_TIMEOUT_S = 600.0
+_CLOSE_TIMEOUT_S = 30.0
+# Errors of an update in the child that mean "these weights are wrong" are raised as themselves.
+_RAISED_AS: dict[str, type[Exception]] = {
+    "ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError
+}  # fmt: skip
+
+
+def _shm_dir() -> Path:
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+
+
+@dataclass
+class SharedWeights:
+    """A state dict laid out in one flat memory-mapped CPU buffer per dtype, shareable between processes.
+
+    ``files[dtype name] = (path, numel)``: each buffer is a file mapped shared (`torch.from_file`), in
+    ``/dev/shm`` where there is one; ``layout[name] = (dtype name, offset, shape)`` locates each tensor in
+    its buffer (offset in elements). Pickling sends only these two maps; the receiver maps the same files
+    (`attach`). The creator deletes the files (`unlink`) once the receiver has mapped them: a mapping
+    outlives its file's name, and nothing is left behind if a process is killed later.
+    """
+
+    files: dict[str, tuple[str, int]]
+    layout: dict[str, tuple[str, int, tuple[int, ...]]]
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def allocate(cls, state: Mapping[str, Tensor]) -> SharedWeights:
+        """Mapped buffers sized for ``state`` (not yet filled: call `write`)."""
+        sizes: dict[str, int] = {}
+        layout: dict[str, tuple[str, int, tuple[int, ...]]] = {}
+        for name, tensor in state.items():
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            offset = sizes.get(dtype, 0)
+            layout[name] = (dtype, offset, tuple(tensor.shape))
+            sizes[dtype] = offset + tensor.numel()
+        stem = _shm_dir() / f"sao-weights-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        files = {dtype: (f"{stem}-{dtype}", max(n, 1)) for dtype, n in sizes.items()}
+        return cls(files, layout).attach()
+
+    def attach(self) -> SharedWeights:
+        """Map the buffer files (creating them if missing); returns self."""
+        for dtype, (path, n) in self.files.items():
+            self.buffers[dtype] = torch.from_file(path, shared=True, size=n, dtype=getattr(torch, dtype))
+        return self
+
+    def unlink(self) -> None:
+        """Delete the buffer files; existing mappings stay valid."""
+        for path, _ in self.files.values():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def matches(self, state: Mapping[str, Tensor]) -> bool:
+        """Whether ``state`` has exactly this layout's names, dtypes and shapes."""
+        if state.keys() != self.layout.keys():
+            return False
+        return all(
+            (str(t.dtype).removeprefix("torch."), tuple(t.shape)) == (self.layout[n][0], self.layout[n][2])
+            for n, t in state.items()
+        )
+
+    @torch.no_grad()
+    def write(self, state: Mapping[str, Tensor]) -> None:
+        """Copy ``state`` (matching this layout) into the buffers."""
+        for name, tensor in state.items():
+            dtype, offset, _ = self.layout[name]
+            self.buffers[dtype][offset : offset + tensor.numel()].copy_(tensor.detach().reshape(-1))
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The state dict as views into the buffers (no copy)."""
+        out = {}
+        for name, (dtype, offset, shape) in self.layout.items():
+            n = int(torch.Size(shape).numel())
+            out[name] = self.buffers[dtype][offset : offset + n].view(shape)
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"files": self.files, "layout": self.layout}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.files, self.layout, self.buffers = state["files"], state["layout"], {}
+
+
+class ProcessEngine:
+    """`InferenceEngine` running a `LocalEngine` in a spawned child process (see the module docstring).
+
+    ``model_path`` and ``tokenizer`` are directories (the child loads them); ``device``, ``dtype``,
+    ``max_running``, ``max_kv_tokens``, ``max_model_len``, ``recompute_kv_on_update`` and ``seed`` are the
+    `LocalEngine` arguments; ``threads`` sets the child's torch intra-op threads (None: torch's default).
+    The constructor blocks until the child has loaded the model; it raises RuntimeError with the child's
+    traceback if loading fails (a bad path, an unknown dtype) and TimeoutError after ``ready_timeout_s``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: str | Path | None = None,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_running: int = 32,
+        max_kv_tokens: int = 65536,
+        max_model_len: int | None = None,
+        recompute_kv_on_update: bool = False,
+        seed: int = 0,
+        threads: int | None = None,
+        ready_timeout_s: float = _READY_TIMEOUT_S,
+    ) -> None:
+        options = dict(
+            model_path_or_model=str(model_path),
+            tokenizer=None if tokenizer is None else str(tokenizer),
+            device=device, dtype=dtype, max_running=max_running, max_kv_tokens=max_kv_tokens,
+            max_model_len=max_model_len, recompute_kv_on_update=recompute_kv_on_update, seed=seed,
+        )  # fmt: skip
+        # A private socket pair (what multiprocessing.Pipe is), the child's end inherited by fd. A plain
+        # subprocess rather than multiprocessing's spawn: spawn re-imports the caller's __main__ script.
+        parent_sock, child_sock = socket.socketpair()
+        self._conn = Connection(parent_sock.detach())
+        child_fd = child_sock.fileno()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "sao.engine.process", str(child_fd)],
+            pass_fds=(child_fd,), env=env, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        child_sock.close()
+        self._conn.send(("start", options, threads))
+        info = self._wait_ready(ready_timeout_s)
+        self.vocab_size = int(info["vocab_size"])
+        self.context_limit = int(info["context_limit"])
+        self._has_tokenizer = bool(info["has_tokenizer"])
+        self._version = int(info["version"])
+        self._stats: dict[str, float] = dict(info["stats"])
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _pending, _closed and _stats
+        # request id -> ("generate" | "update", how to resolve the caller's future)
+        self._pending: dict[int, tuple[str, Callable[[Any], None]]] = {}
+        self._ids = itertools.count()
+        self._closed: str | None = None  # why new requests are refused ("abort" / "error: ...")
+        self._closed_event = threading.Event()
+        self._weights: SharedWeights | None = None
+        self._update_lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read_loop, name="sao-engine-reader", daemon=True)
+        self._reader.start()
+
+    # ----------------------------------------------------------------------------------------- public API
+
+    @property
+    def version(self) -> int:
+        """Policy version of the weights the child's decode steps use now (as of the last acknowledged
+        update)."""
+        return self._version
+
+    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Generation:
+        """Generate one completion in the child; raises `InvalidRequestError` for a request it cannot
+        serve. A cancelled call cancels the request in the child."""
+        prompt = check_request(
+            prompt_token_ids, params, self.vocab_size, self.context_limit, self._has_tokenizer
+        )
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Generation] = loop.create_future()
+        rid = next(self._ids)
+        with self._lock:
+            closed = self._closed
+            if closed is None:
+                self._pending[rid] = ("generate", threadsafe_setter(loop, future))
+        if closed is not None:
+            return _ended(closed)
+        if not self._send(("generate", rid, prompt, params)):
+            return _ended(self._closed or "error: engine process is gone")
+        try:
+            return await future
+        except asyncio.CancelledError:
+            with self._lock:
+                self._pending.pop(rid, None)
+            self._send(("cancel", rid))
+            raise
+
+    async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Load ``weights`` (a state dict or a checkpoint directory) in the child as ``version``; returns
+        once the child's next engine step uses them. Raises ValueError for unknown names, wrong shapes or
+        a decreasing version (nothing changes then), RuntimeError if the engine process is gone."""
+        # A thread lock, not an asyncio one: callers may come from several event loops, and the shared
+        # buffers must not be rewritten while the child reads them.
+        await asyncio.to_thread(self._update_lock.acquire)
+        try:
+            await self._update(weights, version)
+        finally:
+            self._update_lock.release()
+
+    async def _update(self, weights: WeightsLike, version: int) -> None:
+        if isinstance(weights, (str, Path)):
+            payload: Any = str(weights)
+        elif not isinstance(weights, Mapping):
+            raise TypeError(
+                f"weights must be a state dict or a checkpoint directory, got {type(weights).__name__}"
+            )
+        elif self._weights is not None and self._weights.matches(weights):
+            self._weights.write(weights)
+            payload = None  # the child reads the buffers it already holds
+        else:
+            bad = next((n for n, t in weights.items() if not isinstance(t, Tensor)), None)
+            if bad is not None:
+                raise ValueError(f"state dict entry {bad!r} is not a tensor")
+            self._weights = None
+            payload = SharedWeights.allocate(weights)
+            payload.write(weights)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._ids)
+        with self._lock:
+            if self._closed is not None:
+                raise RuntimeError(f"engine process is closed ({self._closed})")
+            self._pending[rid] = ("update", threadsafe_setter(loop, future))
+        if not self._send(("update", rid, version, payload)):
+            raise RuntimeError("engine process is gone")
+        try:
+            error = await future
+        except asyncio.CancelledError:
+            self._weights = None  # the child may still read these buffers: the next update gets new ones
+            raise
+        finally:
+            if isinstance(payload, SharedWeights):
+                payload.unlink()  # the child has mapped them (or failed): the names are not needed
+        if error is not None:  # (exception class name, message) raised in the child
+            if isinstance(payload, SharedWeights):
+                self._weights = None
+            raise _RAISED_AS.get(error[0], RuntimeError)(error[1])
+        if isinstance(payload, SharedWeights):
+            self._weights = payload
+        self._version = version
+
+    def stats(self) -> dict[str, float]:
+        """The child engine's `LocalEngine.stats` as of its latest message, plus ``process_alive``."""
+        with self._lock:
+            out = dict(self._stats)
+        out["process_alive"] = float(self._process.poll() is None)
+        return out
+
+    async def close(self) -> None:
+        """Close the child's engine (pending requests finish with ``"abort"``), then end the process
+        (killed if it has not exited within 30 s). Idempotent."""
+        with self._lock:
+            already = self._closed is not None
+            if not already:
+                self._closed = "abort"
+        if not already:
+            self._send(("close",))
+        await asyncio.to_thread(self._closed_event.wait, _CLOSE_TIMEOUT_S)
+        try:
+            await asyncio.to_thread(self._process.wait, _CLOSE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            await asyncio.to_thread(self._process.wait)
+        if self._weights is not None:
+            self._weights.unlink()
+        self._fail_pending(None)
+        self._conn.close()
+
+    async def __aenter__(self) -> ProcessEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -------------------------------------------------------------------------------------- parent side
+
+    def _wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        waited = 0.0
+        while not self._conn.poll(0.5):
+            waited += 0.5
+            if self._process.poll() is not None:
+                break
+            if waited >= timeout_s:
+                self._process.kill()
+                self._process.wait()
+                self._conn.close()
+                raise TimeoutError(f"engine process did not load the model within {timeout_s:.0f} s")
+        try:
+            message = self._conn.recv()
+        except (EOFError, OSError):
+            code = self._process.wait()
+            self._conn.close()
+            raise RuntimeError(f"engine process exited with code {code} while loading") from None
+        if message[0] == "failed":
+            self._process.wait(_CLOSE_TIMEOUT_S)
+            self._conn.close()
+            raise RuntimeError(f"engine process failed to start:\n{message[1]}")
+        return message[1]
+
+    def _send(self, message: tuple) -> bool:
+        """Send to the child; False when the pipe is closed (the child is gone)."""
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+            return True
+        except (OSError, ValueError, BrokenPipeError):
+            return False
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = message[0]
+            if kind == "closed":
+                with self._lock:
+                    self._stats = dict(message[1])
+                break
+            rid, value, stats = message[1], message[2], message[3]
+            with self._lock:
+                self._stats = dict(stats)
+                entry = self._pending.pop(rid, None)
+            if entry is None:
+                continue  # cancelled meanwhile
+            # "result": a Generation; "updated": None or (exception class name, message); "invalid": text
+            entry[1](InvalidRequestError(value) if kind == "invalid" else value)
+        with self._lock:
+            died = self._closed is None  # not closed by us
+        error = None
+        if died:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._process.wait(5)
+            error = f"engine process exited with code {self._process.returncode}"
+            with self._lock:
+                self._closed = f"error: {error}"
+        self._fail_pending(error)
+        self._closed_event.set()
+
+    def _fail_pending(self, error: str | None) -> None:
+        """Finish every pending call: generations with ``abort`` (``error`` when given), updates with
+        RuntimeError."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for kind, deliver in pending.values():
+            if kind == "update":
+                deliver(RuntimeError(error or "engine process closed before the update took effect"))
+            else:
+                deliver(_ended(f"error: {error}" if error else "abort"))
+
+
+def _ended(closed: str) -> Generation:
+    if closed == "abort":
+        return Generation([], [], [], "abort")
+    return Generation([], [], [], "error", error=closed.removeprefix("error: "))
+
+
+# ------------------------------------------------------------------------------------------- child side
+
+
+def _child_main(conn: Connection) -> None:
+    """Entry point of the engine process: read the options, load the engine, report ready (or the
+    traceback), serve until closed."""
+    try:
+        _, options, threads = conn.recv()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        from sao.engine.local import LocalEngine
+
+        engine = LocalEngine(**options)
+        engine.start()
+    except BaseException:
+        with contextlib.suppress(OSError, ValueError):
+            conn.send(("failed", traceback.format_exc()))
+        conn.close()
+        return
+    info = {
+        "vocab_size": engine.vocab_size,
+        "context_limit": engine.context_limit,
+        "has_tokenizer": engine.tokenizer is not None,
+        "version": engine.version,
+        "stats": engine.stats(),
+    }
+    conn.send(("ready", info))
+    asyncio.run(_serve(conn, engine))
+    conn.close()
+
+
+async def _serve(conn: Connection, engine: Any) -> None:
+    """Dispatch the parent's messages to ``engine`` until ``close`` (or the parent's end of the pipe
+    closes). Only this event loop's thread sends; a reader thread receives."""
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue[tuple] = asyncio.Queue()
+
+    def read() -> None:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone: shut down
+                message = ("close",)
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            if message[0] == "close":
+                return
+
+    threading.Thread(target=read, name="sao-engine-pipe", daemon=True).start()
+    tasks: dict[int, asyncio.Task] = {}
+    shared: SharedWeights | None = None
+
+    def send(message: tuple) -> None:
+        with contextlib.suppress(OSError, ValueError):  # the parent is gone; the read thread ends the loop
+            conn.send(message)
+
+    async def generate(rid: int, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            generation = await engine.generate(prompt, params)
+        except asyncio.CancelledError:
+            return
+        except InvalidRequestError as err:
+            send(("invalid", rid, str(err), engine.stats()))
+            return
+        except Exception as err:  # the engine failed this request: report it as the request's error
+            generation = Generation([], [], [], "error", error=f"engine process: {err!r}")
+        finally:
+            tasks.pop(rid, None)
+        send(("result", rid, generation, engine.stats()))
+
+    async def update(rid: int, version: int, payload: Any) -> None:
+        nonlocal shared
+        error = None
+        try:
+            if isinstance(payload, SharedWeights):
+                shared = payload.attach()
+            if isinstance(payload, str):
+                await engine.update_weights(payload, version)
+            elif shared is None:
+                raise RuntimeError("no shared weights were sent before this update")
+            else:
+                await engine.update_weights(shared.tensors(), version)
+        except Exception as err:
+            if isinstance(payload, SharedWeights):
+                shared = None
+            error = (type(err).__name__, str(err))
+        send(("updated", rid, error, engine.stats()))
+
+    while True:
+        message = await inbox.get()
+        kind = message[0]
+        if kind == "generate":
+            tasks[message[1]] = asyncio.create_task(generate(*message[1:]))
+        elif kind == "cancel":
+            task = tasks.get(message[1])
+            if task is not None:
+                task.cancel()
+        elif kind == "update":
+            await update(*message[1:])
+        elif kind == "close":
+            break
+    await engine.close()  # pending requests finish with "abort" and are sent back
+    if tasks:
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+    send(("closed", engine.stats()))
+
+
+if __name__ == "__main__":  # python -m sao.engine.process FD: the child ProcessEngine starts
+    # Run the package module's copy, not this __main__ one, so that unpickled objects (SharedWeights)
+    # and the code checking them share one class.
+    from sao.engine.process import _child_main as main
+
+    main(Connection(int(sys.argv[1])))
