@@ -417,3 +417,15 @@ def test_qwen3_style_reasoning_drop_raises_once_a_user_turn_follows_a_reasoning_
     with pytest.raises(PrefixInvariantError, match=r"^turn 1: .*\(turn 0\)") as info:
         asyncio.run(run_episode(engine, qwen, env, TASK, cfg))
     assert info.value.where == "turn 0" and env.closed == 1
+
+
+def test_the_end_of_turn_token_is_looked_up_and_a_missing_one_is_a_clear_error(tiny_tokenizer):
+    from sao.rollout.agent_loop import _end_of_turn_id
+
+    assert _end_of_turn_id(tiny_tokenizer, None) == (
+        "<|im_end|>",
+        tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
+    assert _end_of_turn_id(tiny_tokenizer, "<|endoftext|>")[0] == "<|endoftext|>"
+    with pytest.raises(ValueError, match=r"no end-of-turn token \(tried \['<\|nope\|>'\]\)"):
+        _end_of_turn_id(tiny_tokenizer, "<|nope|>")

@@ -161,8 +161,11 @@ class _Recorder:
 def _end_of_turn_id(tokenizer: Any, end_of_turn: str | None) -> tuple[str, int]:
     candidates = [end_of_turn] if end_of_turn else [DEFAULT_END_OF_TURN, tokenizer.eos_token]
     for text in candidates:
-        if text and text in tokenizer.get_vocab():
-            return text, int(tokenizer.convert_tokens_to_ids(text))
+        # A direct lookup, not `text in get_vocab()`: that builds a dict of the whole vocabulary (~20 ms
+        # for a 150k-token tokenizer) and this runs once per episode.
+        token_id = tokenizer.convert_tokens_to_ids(text) if text else None
+        if isinstance(token_id, int) and tokenizer.convert_ids_to_tokens(token_id) == text:
+            return text, token_id
     raise ValueError(f"the tokenizer has no end-of-turn token (tried {candidates})")
 
 
