@@ -1,16 +1,21 @@
 """Benchmark: asynchronous SAO vs synchronous GRPO vs synchronous single-rollout, end to end on CPU.
 
 Same tiny Qwen3-MoE (fp32, CPU), same environment, same batch of trajectories per trainer step, same number
-of trainer steps, all in this one process with the same torch intra-op thread count (default 1, for
-generation and training alike: on these tiny models 2 intra-op threads make every mode slower, sync modes
-about 2x, so 1 gives each mode its best; async still runs engine and trainer on two Python threads).
+of trainer steps, 2 cores for every mode. Cores: the async run puts the engine in its own process
+(``engine.backend=process``, 1 torch thread) and trains in this one (1 thread): one core each, the split
+the issue suggests. The sync runs keep the engine in this process (``--sync-engine process`` measured the
+same) at 1 torch thread, their fastest setting: on these tiny models 2 intra-op threads make every mode
+slower, the sync ones about 2x (``--threads 2``), so "each phase on both cores" would handicap them.
+``--engine local`` runs the async engine as a thread of this process instead (it then shares the
+interpreter lock with the trainer).
 The environment is ``long_tail`` (`sao.envs.long_tail`): turn counts drawn from a heavy tail (75 % of
 episodes take 1-2 turns, 10 % take 6-8), short replies, a deterministic letter rule as reward.
 By default (``--turns episode``) each episode draws its own turn count, so the 8 samples of a GRPO group
 differ in length as agentic episodes do; ``--turns task`` fixes the count per prompt (every sample of a
 group equally long, which favours group sampling: a batch of 2 prompts x 8 rarely holds a long prompt).
 
-1. async SAO:   ``algo=sao runtime.mode=async runtime.max_staleness=S runtime.max_in_flight=2*batch``
+1. async SAO:   ``algo=sao runtime.mode=async runtime.max_staleness=S runtime.max_in_flight=2*batch
+                  engine.backend=process engine.threads=1``
 2. sync GRPO:   ``algo=grpo algo.group_size=8 runtime.mode=sync`` (batch 16 = 2 prompts x 8)
 3. sync single: ``algo=sao runtime.mode=sync`` (one rollout per prompt, one-batch barrier)
 
@@ -22,7 +27,7 @@ idle fraction (engine loop with nothing to run / engine uptime), both from the l
 every run the per-token policy lag histogram (trainer version − version that generated the token) and the
 per-trajectory version span, captured from the batches the trainer sees.
 
-    python benchmarks/async_vs_sync.py      # default: 30 steps x 16 trajectories, ~45 s on 2 cores
+    python benchmarks/async_vs_sync.py      # default: 30 steps x 16 trajectories, ~50 s on 2 cores
     python benchmarks/async_vs_sync.py --steps 30 --size small --max-new-tokens 64 --max-total-tokens 1200
 """
 
@@ -163,8 +168,8 @@ def main() -> None:
 
     print(
         f"workload: env={args.env} (turns per {args.turns}), tiny qwen3_moe/{args.size} fp32 CPU, "
-        f"torch threads {torch.get_num_threads()} (one process, shared by engine and trainer, "
-        f"same for all runs), {args.steps} steps x {args.batch} "
+        f"torch threads {torch.get_num_threads()} per process (async engine: {args.engine}, "
+        f"sync engine: {args.sync_engine}), {args.steps} steps x {args.batch} "
         f"trajectories, {args.max_new_tokens} tokens/turn, value pretraining off"
     )
     head = f"{'run':<8}{'trained':>8}{'loop s':>8}{'traj/s':>8}{'trainer idle':>13}{'engine idle':>12}"
@@ -189,7 +194,8 @@ def main() -> None:
         "reproduce: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/async_vs_sync.py "
         f"--steps {args.steps} --batch {args.batch} --group {args.group} --staleness {args.staleness} "
         f"--turns {args.turns} "
-        f"--size {args.size} --max-new-tokens {args.max_new_tokens} "
+        f"--size {args.size} --max-new-tokens {args.max_new_tokens} --engine {args.engine} "
+        f"--sync-engine {args.sync_engine} "
         f"--max-total-tokens {args.max_total_tokens} --threads {args.threads} --seed {args.seed}"
     )
 
