@@ -25,31 +25,29 @@ def _cfg(run_dir, *extra):
     return load_config(None, [*_OVERRIDES, f"logging.run_dir={run_dir}", *extra])
 
 
-def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
-    result = train_sync_entry(_cfg(tmp_path / "run"))
+def _three_step_run(run_dir, *extra) -> list[dict]:
+    """Run the 3-step config; check the books and versions; return the step records."""
+    result = train_sync_entry(_cfg(run_dir, *extra))
     assert (result.steps, result.policy_version) == (3, 3)
     c = result.counters
     assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in lines if "reward/mean" in r]
-    assert [r["step"] for r in steps] == [1, 2, 3]
-    assert all(r["policy/version"] == r["step"] for r in steps)
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert any("value_pretrain/corpus_size" in r for r in lines)  # the critic was pretrained on rollouts
+    steps = [r for r in lines if "reward/mean" in r]
+    assert [(r["step"], r["policy/version"]) for r in steps] == [(1, 1), (2, 2), (3, 3)]
+    return steps
+
+
+def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
+    _three_step_run(tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "step_00000003").is_dir()
 
 
 def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_version(tmp_path):
     """``engine.backend=process``: value pretraining rollouts, generation and the weight pushes go to a child
     process; the run is otherwise the same pipeline."""
-    result = train_sync_entry(_cfg(tmp_path / "run", "engine.backend=process", "engine.threads=1"))
-    assert (result.steps, result.policy_version) == (3, 3)
-    c = result.counters
-    assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
-    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in lines if "reward/mean" in r]
-    assert [r["policy/version"] for r in steps] == [1, 2, 3]
+    steps = _three_step_run(tmp_path / "run", "engine.backend=process", "engine.threads=1")
     assert all(0.0 <= r["runtime/engine_idle_frac"] <= 1.0 for r in steps)  # the child's own stats
-    assert any("value_pretrain/corpus_size" in r for r in lines)
 
 
 def test_server_engines_are_refused_by_train_with_a_config_error(tmp_path):
