@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from sao.engine.local import LocalEngine
-from sao.engine.process import ProcessEngine, SharedWeights
+from sao.engine.process import ProcessEngine
+from sao.engine.shared_weights import SharedWeights
 from sao.engine.types import InvalidRequestError, SamplingParams
 from sao.models.tiny import build_tiny_model, tiny_checkpoint
 
@@ -23,7 +24,7 @@ def prompt(n: int, seed: int) -> list[int]:
 
 
 def _leftover_weight_files(engine: ProcessEngine) -> list[str]:
-    from sao.engine.process import _shm_dir
+    from sao.engine.shared_weights import _shm_dir
 
     return [p.name for p in _shm_dir().glob(f"sao-weights-{os.getpid()}-*")]
 

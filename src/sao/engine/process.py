@@ -5,14 +5,14 @@ forward/backward share the interpreter lock, so an asynchronous run overlaps the
 engine in its own process (its own interpreter, its own torch threads, ``threads``) generation and training
 run truly in parallel, e.g. one CPU core each: the layout the paper and AReaL use with separate devices.
 
-Protocol. The child is ``python -m sao.engine.process FD``; one private socket pair (a
-``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options, threads)``,
-``("generate", rid, prompt, params)``, ``("cancel", rid)``, ``("update", rid, version, payload)``,
-``("close",)``. Child → parent:
-``("ready", info)`` or ``("failed", traceback)`` once at start, then ``("result", rid, Generation, stats)``,
-``("invalid", rid, message, stats)``, ``("updated", rid, error, stats)`` and ``("closed", stats)``. The
-parent validates requests itself (`check_request`, with the vocabulary size and context limit the child
-reported) so an invalid request fails at once, without a round trip.
+Protocol. The child is ``python -m sao.engine.process_child FD`` (`sao.engine.process_child`); one private
+socket pair (a ``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options,
+threads)``, ``("generate", rid, prompt, params)``, ``("cancel", rid)``, ``("update", rid, version,
+payload)``, ``("close",)``. Child → parent: ``("ready", info)`` or ``("failed", traceback)`` once at start,
+then ``("result", rid, Generation, stats)``, ``("invalid", rid, message, stats)``, ``("updated", rid, error,
+stats)`` and ``("closed", stats)``. The parent validates requests itself (`check_request`, with the
+vocabulary size and context limit the child reported) so an invalid request fails at once, without a round
+trip.
 
 Weights. A state dict crosses the pipe once as a few shared-memory buffers (`SharedWeights`: one flat
 memory-mapped CPU buffer per dtype; the tensors are views into them); later updates with the same names and
@@ -36,21 +36,17 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
-import traceback
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from sao.engine.futures import threadsafe_setter
 from sao.engine.local_request import check_request
+from sao.engine.shared_weights import SharedWeights
 from sao.engine.types import Generation, InvalidRequestError, SamplingParams, WeightsLike
 
 __all__ = ["ProcessEngine", "SharedWeights"]
@@ -61,83 +57,6 @@ _CLOSE_TIMEOUT_S = 30.0
 _RAISED_AS: dict[str, type[Exception]] = {
     "ValueError": ValueError, "TypeError": TypeError, "FileNotFoundError": FileNotFoundError
 }  # fmt: skip
-
-
-def _shm_dir() -> Path:
-    shm = Path("/dev/shm")
-    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-
-
-@dataclass
-class SharedWeights:
-    """A state dict laid out in one flat memory-mapped CPU buffer per dtype, shareable between processes.
-
-    ``files[dtype name] = (path, numel)``: each buffer is a file mapped shared (`torch.from_file`), in
-    ``/dev/shm`` where there is one; ``layout[name] = (dtype name, offset, shape)`` locates each tensor in
-    its buffer (offset in elements). Pickling sends only these two maps; the receiver maps the same files
-    (`attach`). The creator deletes the files (`unlink`) once the receiver has mapped them: a mapping
-    outlives its file's name, and nothing is left behind if a process is killed later.
-    """
-
-    files: dict[str, tuple[str, int]]
-    layout: dict[str, tuple[str, int, tuple[int, ...]]]
-    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def allocate(cls, state: Mapping[str, Tensor]) -> SharedWeights:
-        """Mapped buffers sized for ``state`` (not yet filled: call `write`)."""
-        sizes: dict[str, int] = {}
-        layout: dict[str, tuple[str, int, tuple[int, ...]]] = {}
-        for name, tensor in state.items():
-            dtype = str(tensor.dtype).removeprefix("torch.")
-            offset = sizes.get(dtype, 0)
-            layout[name] = (dtype, offset, tuple(tensor.shape))
-            sizes[dtype] = offset + tensor.numel()
-        stem = _shm_dir() / f"sao-weights-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        files = {dtype: (f"{stem}-{dtype}", max(n, 1)) for dtype, n in sizes.items()}
-        return cls(files, layout).attach()
-
-    def attach(self) -> SharedWeights:
-        """Map the buffer files (creating them if missing); returns self."""
-        for dtype, (path, n) in self.files.items():
-            self.buffers[dtype] = torch.from_file(path, shared=True, size=n, dtype=getattr(torch, dtype))
-        return self
-
-    def unlink(self) -> None:
-        """Delete the buffer files; existing mappings stay valid."""
-        for path, _ in self.files.values():
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-
-    def matches(self, state: Mapping[str, Tensor]) -> bool:
-        """Whether ``state`` has exactly this layout's names, dtypes and shapes."""
-        if state.keys() != self.layout.keys():
-            return False
-        return all(
-            (str(t.dtype).removeprefix("torch."), tuple(t.shape)) == (self.layout[n][0], self.layout[n][2])
-            for n, t in state.items()
-        )
-
-    @torch.no_grad()
-    def write(self, state: Mapping[str, Tensor]) -> None:
-        """Copy ``state`` (matching this layout) into the buffers."""
-        for name, tensor in state.items():
-            dtype, offset, _ = self.layout[name]
-            self.buffers[dtype][offset : offset + tensor.numel()].copy_(tensor.detach().reshape(-1))
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The state dict as views into the buffers (no copy)."""
-        out = {}
-        for name, (dtype, offset, shape) in self.layout.items():
-            n = int(torch.Size(shape).numel())
-            out[name] = self.buffers[dtype][offset : offset + n].view(shape)
-        return out
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"files": self.files, "layout": self.layout}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.files, self.layout, self.buffers = state["files"], state["layout"], {}
 
 
 class ProcessEngine:
@@ -178,7 +97,7 @@ class ProcessEngine:
         child_fd = child_sock.fileno()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "sao.engine.process", str(child_fd)],
+            [sys.executable, "-m", "sao.engine.process_child", str(child_fd)],
             pass_fds=(child_fd,), env=env, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         child_sock.close()
@@ -402,117 +321,3 @@ def _ended(closed: str) -> Generation:
     if closed == "abort":
         return Generation([], [], [], "abort")
     return Generation([], [], [], "error", error=closed.removeprefix("error: "))
-
-
-# ------------------------------------------------------------------------------------------- child side
-
-
-def _child_main(conn: Connection) -> None:
-    """Entry point of the engine process: read the options, load the engine, report ready (or the
-    traceback), serve until closed."""
-    try:
-        _, options, threads = conn.recv()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        from sao.engine.local import LocalEngine
-
-        engine = LocalEngine(**options)
-        engine.start()
-    except BaseException:
-        with contextlib.suppress(OSError, ValueError):
-            conn.send(("failed", traceback.format_exc()))
-        conn.close()
-        return
-    info = {
-        "vocab_size": engine.vocab_size,
-        "context_limit": engine.context_limit,
-        "has_tokenizer": engine.tokenizer is not None,
-        "version": engine.version,
-        "stats": engine.stats(),
-    }
-    conn.send(("ready", info))
-    asyncio.run(_serve(conn, engine))
-    conn.close()
-
-
-async def _serve(conn: Connection, engine: Any) -> None:
-    """Dispatch the parent's messages to ``engine`` until ``close`` (or the parent's end of the pipe
-    closes). Only this event loop's thread sends; a reader thread receives."""
-    loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[tuple] = asyncio.Queue()
-
-    def read() -> None:
-        while True:
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # the parent is gone: shut down
-                message = ("close",)
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
-            if message[0] == "close":
-                return
-
-    threading.Thread(target=read, name="sao-engine-pipe", daemon=True).start()
-    tasks: dict[int, asyncio.Task] = {}
-    shared: SharedWeights | None = None
-
-    def send(message: tuple) -> None:
-        with contextlib.suppress(OSError, ValueError):  # the parent is gone; the read thread ends the loop
-            conn.send(message)
-
-    async def generate(rid: int, prompt: list[int], params: SamplingParams) -> None:
-        try:
-            generation = await engine.generate(prompt, params)
-        except asyncio.CancelledError:
-            return
-        except InvalidRequestError as err:
-            send(("invalid", rid, str(err), engine.stats()))
-            return
-        except Exception as err:  # the engine failed this request: report it as the request's error
-            generation = Generation([], [], [], "error", error=f"engine process: {err!r}")
-        finally:
-            tasks.pop(rid, None)
-        send(("result", rid, generation, engine.stats()))
-
-    async def update(rid: int, version: int, payload: Any) -> None:
-        nonlocal shared
-        error = None
-        try:
-            if isinstance(payload, SharedWeights):
-                shared = payload.attach()
-            if isinstance(payload, str):
-                await engine.update_weights(payload, version)
-            elif shared is None:
-                raise RuntimeError("no shared weights were sent before this update")
-            else:
-                await engine.update_weights(shared.tensors(), version)
-        except Exception as err:
-            if isinstance(payload, SharedWeights):
-                shared = None
-            error = (type(err).__name__, str(err))
-        send(("updated", rid, error, engine.stats()))
-
-    while True:
-        message = await inbox.get()
-        kind = message[0]
-        if kind == "generate":
-            tasks[message[1]] = asyncio.create_task(generate(*message[1:]))
-        elif kind == "cancel":
-            task = tasks.get(message[1])
-            if task is not None:
-                task.cancel()
-        elif kind == "update":
-            await update(*message[1:])
-        elif kind == "close":
-            break
-    await engine.close()  # pending requests finish with "abort" and are sent back
-    if tasks:
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-    send(("closed", engine.stats()))
-
-
-if __name__ == "__main__":  # python -m sao.engine.process FD: the child ProcessEngine starts
-    # Run the package module's copy, not this __main__ one, so that unpickled objects (SharedWeights)
-    # and the code checking them share one class.
-    from sao.engine.process import _child_main as main
-
-    main(Connection(int(sys.argv[1])))
