@@ -215,7 +215,6 @@ class Trainer:
         # targets need, so the separate no-grad forward is skipped (same values: same weights, same input).
         first: Tensor | None = None
         if len(parts) == 1 and k_critic >= 1:
-            self.critic_optim.zero_grad(set_to_none=True)
             first = token_values(self.critic, parts[0]).float()
             old_values = first.detach()
         else:
@@ -229,8 +228,7 @@ class Trainer:
         slices = _token_slices(parts)
         losses, norms = [], []
         for _ in range(k_critic):
-            if first is None:
-                self.critic_optim.zero_grad(set_to_none=True)
+            self.critic_optim.zero_grad(set_to_none=True)
             total = 0.0
             for part, sl in zip(parts, slices, strict=True):
                 v = first if first is not None else token_values(self.critic, part).float()
