@@ -6,13 +6,13 @@ engine in its own process (its own interpreter, its own torch threads, ``threads
 run truly in parallel, e.g. one CPU core each: the layout the paper and AReaL use with separate devices.
 
 Protocol. The child is ``python -m sao.engine.process_child FD`` (`sao.engine.process_child`); one private
-socket pair (a ``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options,
-threads)``, ``("generate", rid, prompt, params)``, ``("cancel", rid)``, ``("update", rid, version,
-payload)``, ``("close",)``. Child → parent: ``("ready", info)`` or ``("failed", traceback)`` once at start,
-then ``("result", rid, Generation, stats)``, ``("invalid", rid, message, stats)``, ``("updated", rid, error,
-stats)`` and ``("closed", stats)``. The parent validates requests itself (`check_request`, with the
-vocabulary size and context limit the child reported) so an invalid request fails at once, without a round
-trip.
+socket pair (a ``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options, threads,
+logging)`` (logging: this process's transformers verbosity, copied by the child), ``("generate", rid,
+prompt, params)``, ``("cancel", rid)``, ``("update", rid, version, payload)``, ``("close",)``. Child →
+parent: ``("ready", info)`` or ``("failed", traceback)`` once at start, then ``("result", rid, Generation,
+stats)``, ``("invalid", rid, message, stats)``, ``("updated", rid, error, stats)`` and ``("closed",
+stats)``. The parent validates requests itself (`check_request`, with the vocabulary size and context limit
+the child reported) so an invalid request fails at once, without a round trip.
 
 Weights. A state dict crosses the pipe once as a few shared-memory buffers (`SharedWeights`: one flat
 memory-mapped CPU buffer per dtype; the tensors are views into them); later updates with the same names and
@@ -101,7 +101,7 @@ class ProcessEngine:
             pass_fds=(child_fd,), env=env, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         child_sock.close()
-        self._conn.send(("start", options, threads))
+        self._conn.send(("start", options, threads, _transformers_logging()))
         info = self._wait_ready(ready_timeout_s)
         self.vocab_size = int(info["vocab_size"])
         self.context_limit = int(info["context_limit"])
@@ -315,6 +315,14 @@ class ProcessEngine:
                 deliver(RuntimeError(error or "engine process closed before the update took effect"))
             else:
                 deliver(_ended(f"error: {error}" if error else "abort"))
+
+
+def _transformers_logging() -> dict[str, Any]:
+    """This process's transformers verbosity and progress-bar switch, for the child to copy (so a CLI that
+    silenced load reports and progress bars gets a silent engine process too)."""
+    from transformers.utils import logging as hf_logging
+
+    return {"verbosity": hf_logging.get_verbosity(), "progress_bar": hf_logging.is_progress_bar_enabled()}
 
 
 def _ended(closed: str) -> Generation:

@@ -27,9 +27,14 @@ def _child_main(conn: Connection) -> None:
     """Entry point of the engine process: read the options, load the engine, report ready (or the
     traceback), serve until closed."""
     try:
-        _, options, threads = conn.recv()
+        _, options, threads, logging = conn.recv()
         if threads is not None:
             torch.set_num_threads(threads)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(logging["verbosity"])
+        if not logging["progress_bar"]:
+            hf_logging.disable_progress_bar()
         from sao.engine.local import LocalEngine
 
         engine = LocalEngine(**options)
