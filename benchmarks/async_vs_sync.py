@@ -77,7 +77,9 @@ def _overrides(args: argparse.Namespace, run_dir: Path, mode: str) -> list[str]:
         f"logging.run_dir={run_dir}", "logging.tensorboard=false", f"logging.checkpoint_every={10**6}",
     ]  # fmt: skip
     engine = args.engine if mode == "async" else args.sync_engine
-    common += [f"engine.backend={engine}", f"engine.threads={args.threads}"]
+    common.append(f"engine.backend={engine}")
+    if engine == "process":
+        common.append(f"engine.threads={args.threads}")
     if args.env == "long_tail":
         common.append(f"data.env_kwargs={{turns: {args.turns}}}")
     if mode == "async":

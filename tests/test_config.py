@@ -196,6 +196,22 @@ def test_grpo_with_single_rollout_names_group_size() -> None:
         load_config(None, [*TINY, "algo=grpo", "algo.group_size=1"])
 
 
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["engine.threads=1"], r"engine\.threads applies to backend 'process', not 'local'"),
+        (["engine.attach=http://h:8000"], r"engine\.attach applies to backends 'vllm' and 'sglang'"),
+        (["engine.backend=process", "engine.server_args=[--x]"], r"engine\.server_args applies to backends"),
+        (["engine.backend=vllm", "engine.attach=http://h", "engine.python=/p"], r"engine\.attach uses a"),
+    ],
+)
+def test_engine_options_must_match_the_backend(overrides: list[str], expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [*TINY, *overrides])
+    load_config(None, [*TINY, "engine.backend=process", "engine.threads=2"])
+    load_config(None, [*TINY, "engine.backend=sglang", "engine.python=/p", "engine.server_args=[--x]"])
+
+
 def test_batch_must_hold_whole_groups() -> None:
     with pytest.raises(ConfigError, match=r"trainer\.batch_size \(12\).*algo\.group_size \(8\)"):
         load_config(None, [*TINY, "algo=grpo", "trainer.batch_size=12"])

@@ -50,10 +50,12 @@ def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_ve
     assert all(0.0 <= r["runtime/engine_idle_frac"] <= 1.0 for r in steps)  # the child's own stats
 
 
-def test_server_engines_are_refused_by_train_with_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match=r"engine\.backend: 'vllm' is not supported by `sao train`"):
-        train_sync_entry(_cfg(tmp_path / "run", "engine.backend=vllm"))
-    assert not (tmp_path / "run").exists()
+def test_an_engine_that_does_not_start_is_a_clear_error(tmp_path):
+    from sao.runtime.runner import EngineStartError
+
+    missing = tmp_path / "no-such-venv" / "bin" / "python"
+    with pytest.raises(EngineStartError, match=r"engine\.backend=vllm: .*no-such-venv"):
+        train_sync_entry(_cfg(tmp_path / "run", "engine.backend=vllm", f"engine.python={missing}"))
 
 
 def test_async_sao_from_scratch_raises_the_reward(tmp_path):

@@ -194,12 +194,12 @@ def train_command(
 ) -> None:
     """Asynchronous RL training (or sync with runtime.mode=sync): engine, producer, trainer in one process."""
     cfg = _config_from_args(args)
-    from sao.runtime.runner import train_sync_entry
+    from sao.runtime.runner import EngineStartError, train_sync_entry
 
     _quiet_transformers()
     try:
         result = train_sync_entry(cfg, resume=resume)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, EngineStartError) as err:
         raise _fail(f"error: {err}", code=1) from None
     typer.echo(
         f"trained {result.steps} steps (policy version {result.policy_version}); run dir {result.run_dir}; "

@@ -103,7 +103,8 @@ class EngineConfig(_Section):
     backend: Literal["local", "process", "vllm", "sglang"] = Field(
         "local",
         description="Inference engine: 'local' in the trainer's process (a thread), 'process' the same "
-        "engine in a child process of its own (no shared interpreter lock), 'vllm'/'sglang' servers.",
+        "engine in a child process of its own (no shared interpreter lock), 'vllm'/'sglang' servers "
+        "(launched on the run's model, or engine.attach).",
     )
     threads: int | None = Field(
         None, ge=1, description="backend=process: torch threads of the engine process (null: torch default)."
@@ -113,6 +114,31 @@ class EngineConfig(_Section):
     top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")
     max_new_tokens: int = Field(2048, ge=1, description="Tokens generated per model turn.")
     max_concurrent: int = Field(64, ge=1, description="Sequences the engine decodes at once.")
+    python: str | None = Field(
+        None,
+        description="backend=vllm/sglang: python of the virtualenv with the server "
+        "(null: $SAO_VLLM_PYTHON / $SAO_SGLANG_PYTHON, else this one).",
+    )
+    attach: str | None = Field(
+        None,
+        description="backend=vllm/sglang: URL of a running server to use instead of launching one; it must "
+        "read this machine's files (weights are handed over as directories).",
+    )
+    server_args: list[str] = Field(
+        default_factory=list, description="backend=vllm/sglang: extra command-line arguments of the server."
+    )
+
+    @model_validator(mode="after")
+    def _backend_options(self) -> EngineConfig:
+        if self.threads is not None and self.backend != "process":
+            raise ValueError(f"engine.threads applies to backend 'process', not {self.backend!r}")
+        server = ("python", "attach", "server_args")
+        if self.backend not in ("vllm", "sglang") and any(getattr(self, k) for k in server):
+            name = next(k for k in server if getattr(self, k))
+            raise ValueError(f"engine.{name} applies to backends 'vllm' and 'sglang', not {self.backend!r}")
+        if self.attach and (self.python or self.server_args):
+            raise ValueError("engine.attach uses a running server: engine.python and server_args are unused")
+        return self
 
 
 class DataConfig(_Section):

@@ -38,7 +38,11 @@ from .rollouts import collect_rollouts
 from .sampler import PromptSampler
 from .staleness import StalenessManager
 
-__all__ = ["RunResult", "train"]
+__all__ = ["EngineStartError", "RunResult", "train"]
+
+
+class EngineStartError(RuntimeError):
+    """The rollout engine (a child process or a vLLM / SGLang server) could not be started or attached."""
 
 
 @dataclasses.dataclass
@@ -116,25 +120,47 @@ async def _pretrain_critic(
     }
 
 
-def _check_engine_backend(cfg: RunConfig) -> None:
-    if cfg.engine.backend in ("vllm", "sglang"):
-        raise ConfigError(
-            f"engine.backend: {cfg.engine.backend!r} is not supported by `sao train` yet (it serves "
-            "`sao serve`); use 'local' or 'process'"
-        )
+async def _make_engine(cfg: RunConfig, actor_dir: Path, tokenizer_dir: Path, tokenizer) -> InferenceEngine:
+    """The rollout engine of ``engine.backend``: the local engine in this process or in a child process,
+    or a vLLM / SGLang server launched on ``actor_dir`` (or attached and given ``actor_dir``'s weights).
+    Raises `EngineStartError` (with the cause's message) when a process or server does not come up."""
+    if cfg.engine.backend == "local":
+        from sao.engine import LocalEngine
+
+        return LocalEngine(actor_dir, tokenizer, device=cfg.model.device, dtype=cfg.model.dtype,
+                           max_running=cfg.engine.max_concurrent, seed=cfg.trainer.seed)  # fmt: skip
+    try:
+        return await _start_engine(cfg, actor_dir, tokenizer_dir)
+    except (OSError, RuntimeError) as err:  # TimeoutError is an OSError
+        raise EngineStartError(f"engine.backend={cfg.engine.backend}: {err}") from err
 
 
-def _make_engine(cfg: RunConfig, actor_dir: Path, tokenizer_dir: Path, tokenizer) -> InferenceEngine:
-    """The rollout engine of ``engine.backend``: the local engine in this process or in a child process."""
-    kwargs = dict(device=cfg.model.device, dtype=cfg.model.dtype, max_running=cfg.engine.max_concurrent,
-                  seed=cfg.trainer.seed)  # fmt: skip
-    if cfg.engine.backend == "process":
-        from sao.engine.process import ProcessEngine
+async def _start_engine(cfg: RunConfig, actor_dir: Path, tokenizer_dir: Path) -> InferenceEngine:
+    ecfg = cfg.engine
+    if ecfg.backend in ("vllm", "sglang"):
+        from sao.engine import SGLangEngine, VLLMEngine
 
-        return ProcessEngine(actor_dir, tokenizer_dir, threads=cfg.engine.threads, **kwargs)
-    from sao.engine import LocalEngine
+        cls = VLLMEngine if ecfg.backend == "vllm" else SGLangEngine
+        if ecfg.attach:
+            engine = await cls.attach(ecfg.attach)
+            try:
+                await engine.update_weights(actor_dir, engine.version)  # start from the run's weights
+            except BaseException:
+                await engine.close()
+                raise
+            return engine
+        # engine.max_concurrent as the server's own flag, unless server_args set it
+        flag = "--max-num-seqs" if ecfg.backend == "vllm" else "--max-running-requests"
+        extra = list(ecfg.server_args)
+        if flag not in extra:
+            extra += [flag, str(ecfg.max_concurrent)]
+        return await cls.launch(actor_dir, python=ecfg.python, dtype=cfg.model.dtype, extra_args=extra)
+    from sao.engine.process import ProcessEngine
 
-    return LocalEngine(actor_dir, tokenizer, **kwargs)
+    return await asyncio.to_thread(  # the constructor blocks until the child has loaded the model
+        ProcessEngine, actor_dir, tokenizer_dir, device=cfg.model.device, dtype=cfg.model.dtype,
+        max_running=ecfg.max_concurrent, seed=cfg.trainer.seed, threads=ecfg.threads,
+    )  # fmt: skip
 
 
 async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> RunResult:
@@ -150,7 +176,6 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     from .progress import TrainingProgress
 
     console = console or Console(stderr=True)
-    _check_engine_backend(cfg)
     run_dir = Path(cfg.logging.run_dir)
     ckpts = CheckpointManager(run_dir, keep_last=cfg.logging.keep_checkpoints)
     logged = (run_dir / METRICS_FILE).is_file() and (run_dir / METRICS_FILE).stat().st_size > 0
@@ -172,51 +197,56 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     if cfg.algo.uses_critic:
         critic_dir = loaded.critic_dir if loaded and loaded.critic_dir else base
         critic = load_critic(critic_dir, freeze="none", dtype=cfg.model.dtype, device=cfg.model.device)
-    engine = _make_engine(cfg, actor_dir, base, tokenizer)
     tasks, loop_cfg = _tasks(cfg), _loop_cfg(cfg)
-    sync = cfg.runtime.mode == "sync"
-    batch_size = cfg.trainer.batch_size
-    staleness = StalenessManager(batch_size, 0 if sync else cfg.runtime.max_staleness,
-                                 cfg.runtime.drop_older_than)  # fmt: skip
-    max_in_flight = batch_size if sync else cfg.runtime.max_in_flight
-    pre_metrics: dict[str, float] = {}
-    if critic is not None and loaded is None and cfg.value_pretrain_enabled:
-        pre_metrics = await _pretrain_critic(
-            cfg, critic, engine, tokenizer, env_factory, tasks, loop_cfg, console
+    engine = await _make_engine(cfg, actor_dir, base, tokenizer)
+    try:  # from here on the engine (maybe a server or a child process) is closed whatever happens
+        sync = cfg.runtime.mode == "sync"
+        batch_size = cfg.trainer.batch_size
+        staleness = StalenessManager(batch_size, 0 if sync else cfg.runtime.max_staleness,
+                                     cfg.runtime.drop_older_than)  # fmt: skip
+        max_in_flight = batch_size if sync else cfg.runtime.max_in_flight
+        pre_metrics: dict[str, float] = {}
+        if critic is not None and loaded is None and cfg.value_pretrain_enabled:
+            pre_metrics = await _pretrain_critic(
+                cfg, critic, engine, tokenizer, env_factory, tasks, loop_cfg, console
+            )
+        trainer = Trainer(actor, critic, cfg)
+        weights = None
+        if cfg.algo.advantage == "spo" and cfg.algo.spo_prioritized_sampling:
+            weights = lambda ids: trainer.adv_state.sampling_weights(ids).tolist()  # noqa: E731
+        sampler = PromptSampler(tasks, group_size=cfg.algo.group_size, seed=cfg.data.seed, weights=weights)
+        version = 0
+        if loaded is not None:
+            trainer.load_state_dict(loaded.trainer_state)
+            sampler.load_state_dict(loaded.data_position["sampler"])
+            staleness.load_state_dict(loaded.counters["staleness"])
+            version = int(loaded.policy_version or 0)
+            await engine.update_weights(actor.state_dict(), version)
+            restore_rng(loaded.rng)
+        # Bounded by construction: the capacity rule never lets more than `capacity` trajectories (so groups)
+        # be started and not yet trained; the explicit bound makes an accounting bug block, not grow memory.
+        queue: asyncio.Queue[list[Trajectory]] = asyncio.Queue(maxsize=staleness.capacity)
+        producer = Producer(
+            engine,
+            tokenizer,
+            env_factory,
+            sampler,
+            staleness,
+            queue,
+            loop_cfg,
+            max_in_flight=max_in_flight,
+            version=lambda: version,
+            seed=cfg.trainer.seed,
         )
-    trainer = Trainer(actor, critic, cfg)
-    weights = None
-    if cfg.algo.advantage == "spo" and cfg.algo.spo_prioritized_sampling:
-        weights = lambda ids: trainer.adv_state.sampling_weights(ids).tolist()  # noqa: E731
-    sampler = PromptSampler(tasks, group_size=cfg.algo.group_size, seed=cfg.data.seed, weights=weights)
-    version = 0
-    if loaded is not None:
-        trainer.load_state_dict(loaded.trainer_state)
-        sampler.load_state_dict(loaded.data_position["sampler"])
-        staleness.load_state_dict(loaded.counters["staleness"])
-        version = int(loaded.policy_version or 0)
-        await engine.update_weights(actor.state_dict(), version)
-        restore_rng(loaded.rng)
-    # Bounded by construction: the capacity rule never lets more than `capacity` trajectories (so groups)
-    # be started and not yet trained; the explicit bound makes an accounting bug block, not grow memory.
-    queue: asyncio.Queue[list[Trajectory]] = asyncio.Queue(maxsize=staleness.capacity)
-    producer = Producer(
-        engine,
-        tokenizer,
-        env_factory,
-        sampler,
-        staleness,
-        queue,
-        loop_cfg,
-        max_in_flight=max_in_flight,
-        version=lambda: version,
-        seed=cfg.trainer.seed,
-    )
-    producer.episodes_started = staleness.stats().started
+        producer.episodes_started = staleness.stats().started
+        # A resumed run redoes the steps after its checkpoint (all of them without one): set their records
+        # aside.
+        resume_step = loaded.step if loaded is not None else (-1 if resume else None)
+        sinks = make_sinks(cfg.logging, run_dir, run_name=cfg.name, resume_step=resume_step)
+    except BaseException:
+        await engine.close()
+        raise
     runner = asyncio.create_task(producer.run())
-    # A resumed run redoes the steps after its checkpoint (all of them without one): set their records aside.
-    resume_step = loaded.step if loaded is not None else (-1 if resume else None)
-    sinks = make_sinks(cfg.logging, run_dir, run_name=cfg.name, resume_step=resume_step)
     last: dict[str, float] = {}
     started_at, waited = time.monotonic(), 0.0
     try:
