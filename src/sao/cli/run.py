@@ -192,7 +192,8 @@ def train_command(
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in logging.run_dir.")
     ] = False,
 ) -> None:
-    """Asynchronous RL training (or sync with runtime.mode=sync): engine, producer, trainer in one process."""
+    """Asynchronous RL training (or sync with runtime.mode=sync): engine (see engine.backend), producer,
+    trainer."""
     cfg = _config_from_args(args)
     from sao.runtime.runner import EngineStartError, train_sync_entry
 
