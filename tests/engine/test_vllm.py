@@ -481,8 +481,9 @@ def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
     assert (result.steps, result.policy_version) == (3, 3)
     c = result.counters
     assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in steps if "reward/mean" in r]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("value_pretrain/corpus_size") == 8.0 for r in lines)  # rollouts of the server
+    steps = [r for r in lines if "reward/mean" in r]
     assert [r["policy/version"] for r in steps] == [1, 2, 3]
     assert steps[0]["dis/masked_frac"] == 0.0 and steps[0]["dis/logprob_abs_diff"] < 1e-3
     assert max(r["lag/token_max"] for r in steps) >= 1  # versions as the server's reloads attributed them
