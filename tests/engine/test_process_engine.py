@@ -150,6 +150,7 @@ def test_a_killed_child_fails_pending_and_later_calls_instead_of_hanging(tiny_mo
     for out in (pending, later):
         assert out.finish_reason == "error" and "exited with code -9" in out.error
     assert eng.stats()["process_alive"] == 0.0
+    assert _leftover_weight_files(eng) == []  # the refused update left no shared-memory file
 
 
 def test_close_aborts_running_requests_and_a_bad_model_path_fails_with_the_childs_error(

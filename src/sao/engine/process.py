@@ -166,6 +166,8 @@ class ProcessEngine:
             self._update_lock.release()
 
     async def _update(self, weights: WeightsLike, version: int) -> None:
+        if self._closed is not None:
+            raise RuntimeError(f"engine process is closed ({self._closed})")
         if isinstance(weights, (str, Path)):
             payload: Any = str(weights)
         elif not isinstance(weights, Mapping):
@@ -181,7 +183,26 @@ class ProcessEngine:
                 raise ValueError(f"state dict entry {bad!r} is not a tensor")
             self._weights = None
             payload = SharedWeights.allocate(weights)
-            payload.write(weights)
+        try:
+            if isinstance(payload, SharedWeights):
+                payload.write(weights)
+            error = await self._send_update(version, payload)
+        except asyncio.CancelledError:
+            self._weights = None  # the child may still read these buffers: the next update gets new ones
+            raise
+        finally:
+            if isinstance(payload, SharedWeights):
+                payload.unlink()  # mapped by the child, or never to be: the names are not needed
+        if error is not None:  # (exception class name, message) raised in the child
+            if isinstance(payload, SharedWeights):
+                self._weights = None
+            raise _RAISED_AS.get(error[0], RuntimeError)(error[1])
+        if isinstance(payload, SharedWeights):
+            self._weights = payload
+        self._version = version
+
+    async def _send_update(self, version: int, payload: Any) -> Any:
+        """Send one update and wait for the child's answer: None, or (exception class name, message)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         rid = next(self._ids)
@@ -191,21 +212,7 @@ class ProcessEngine:
             self._pending[rid] = ("update", threadsafe_setter(loop, future))
         if not self._send(("update", rid, version, payload)):
             raise RuntimeError("engine process is gone")
-        try:
-            error = await future
-        except asyncio.CancelledError:
-            self._weights = None  # the child may still read these buffers: the next update gets new ones
-            raise
-        finally:
-            if isinstance(payload, SharedWeights):
-                payload.unlink()  # the child has mapped them (or failed): the names are not needed
-        if error is not None:  # (exception class name, message) raised in the child
-            if isinstance(payload, SharedWeights):
-                self._weights = None
-            raise _RAISED_AS.get(error[0], RuntimeError)(error[1])
-        if isinstance(payload, SharedWeights):
-            self._weights = payload
-        self._version = version
+        return await future
 
     def stats(self) -> dict[str, float]:
         """The child engine's `LocalEngine.stats` as of its latest message, plus ``process_alive``."""
