@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sao.cli import app
-from sao.runtime.metrics import JsonlMetricsSink
+from sao.sinks import JsonlMetricsSink
 from sao.runtime.plots import PANELS, read_metrics, smooth
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -101,7 +101,7 @@ def test_a_run_killed_mid_way_resumes_from_its_checkpoint_and_the_books_balance(
     import sys
     import time
 
-    from sao.runtime.metrics import DISCARDED_METRICS_FILE
+    from sao.sinks import DISCARDED_METRICS_FILE
 
     run = tmp_path / "run"
     overrides = [*_OVERRIDES, f"logging.run_dir={run}", "trainer.total_steps=10"]

@@ -151,7 +151,11 @@ class DataConfig(_Section):
     train_file: str | None = Field(
         None, description="Training prompts (JSONL); null = the env's built-in set."
     )
-    eval_file: str | None = Field(None, description="Evaluation prompts (JSONL); null = none.")
+    eval_file: str | list[str] | None = Field(
+        None,
+        description="Held-out task files (JSONL) evaluated during training every logging.eval_every steps "
+        "and at the end, played in data.env; null = no evaluation.",
+    )
     id_field: str = Field("id", description="Task file column with the task id (missing: '<file>-<row>').")
     prompt_field: str = Field("prompt", description="Task file column with the prompt (text or messages).")
     answer_field: str = Field("answer", description="Task file column with the reference answer.")
@@ -219,6 +223,12 @@ class AlgoConfig(_Section):
     )
     spo_prioritized_sampling: bool = Field(True, description="spo: sample prompts by the weight above.")
     value_pretrain: bool = Field(True, description="Whether this algorithm pretrains the critic before RL.")
+    truncation: Literal["terminal", "bootstrap"] = Field(
+        "terminal",
+        description="A trajectory cut by the token or turn budget: 'terminal' scores it as the env did "
+        "(next value 0 after its last action token; our reading), 'bootstrap' takes the critic's value at "
+        "its last action token as the next value (GAE-family advantages).",
+    )
 
     @property
     def uses_critic(self) -> bool:
@@ -281,6 +291,17 @@ class RuntimeConfig(_Section):
     backend: Literal["local", "ray"] = Field("local", description="'local': one process; 'ray': distributed.")
 
 
+class EvalConfig(_Section):
+    """Evaluation during training on ``data.eval_file``: Pass@1 over ``k`` samples per task."""
+
+    k: int = Field(4, ge=1, description="Samples per eval task (Pass@1 is their mean; pass@k is logged too).")
+    temperature: float = Field(1.0, ge=0, description="Eval sampling temperature (paper: 1.0).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Eval nucleus sampling mass (paper: 1.0).")
+    concurrency: int = Field(32, ge=1, description="Eval episodes generating at once, beside training.")
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first N tasks of each file.")
+    seed: int = Field(0, description="Eval sampling seed (each sample's seed derives from it).")
+
+
 class LoggingConfig(_Section):
     """Where metrics and checkpoints go."""
 
@@ -291,6 +312,9 @@ class LoggingConfig(_Section):
     wandb: bool = Field(False, description="Log to Weights & Biases.")
     log_every: int = Field(1, ge=1, description="Log metrics every N actor steps.")
     checkpoint_every: int = Field(50, ge=1, description="Checkpoint every N actor steps.")
+    eval_every: int | None = Field(
+        None, ge=1, description="Evaluate on data.eval_file every N steps (and at the end); null = at the end."
+    )
     keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
 
 
@@ -305,6 +329,7 @@ class RunConfig(_Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Actor optimization.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Async/sync wiring.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during training.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and checkpoints.")
 
     @model_validator(mode="before")

@@ -1,5 +1,2 @@
-"""Wiring: metric sinks and progress (the async runtime lands here too)."""
-
-from .metrics import JsonlMetricsSink
-
-__all__ = ["JsonlMetricsSink"]
+"""The run: assembly from per-section factories (`build`), the run loop (`runner`), staleness control,
+the producer, evaluation during training, progress display and plots."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from sao.runtime.metrics import METRICS_FILE
+from sao.sinks import METRICS_FILE
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

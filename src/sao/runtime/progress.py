@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 
-from sao.runtime.metrics import scalar_value
+from sao.sinks import scalar_value
 
 __all__ = ["TrainingProgress", "format_duration"]
 

@@ -32,7 +32,7 @@ from sao.envs.base import Env, EnvError, Task, make_env
 from sao.rollout.agent_loop import AgentLoopConfig
 from sao.types import Batch, Trajectory
 
-from .metrics import METRICS_FILE
+from sao.sinks import METRICS_FILE
 from .producer import Producer
 from .rollouts import collect_rollouts
 from .sampler import PromptSampler
@@ -172,7 +172,7 @@ async def train(cfg: RunConfig, *, resume: bool = False, console: Console | None
     from sao.train.common import set_seed
     from sao.train.step import Trainer
 
-    from .metrics import make_sinks
+    from sao.sinks import make_sinks
     from .progress import TrainingProgress
 
     console = console or Console(stderr=True)

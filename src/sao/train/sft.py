@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from sao.jsonl import iter_jsonl
 from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
-from sao.runtime.metrics import JsonlMetricsSink
+from sao.sinks import JsonlMetricsSink
 from sao.types import Batch, Trajectory
 
 from .common import atomic_dir, batches_forever, set_seed, split_eval, warmup_cosine

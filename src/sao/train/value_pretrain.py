@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 from sao.algos import explained_variance, skip_observation_gae, value_loss
-from sao.runtime.metrics import JsonlMetricsSink
+from sao.sinks import JsonlMetricsSink
 from sao.types import Batch, Trajectory, load_jsonl
 
 from .common import atomic_dir, batches_forever, set_seed, split_eval

@@ -17,7 +17,7 @@ import torch
 from rich.console import Console
 
 from sao.config import ConfigError, LoggingConfig
-from sao.runtime.metrics import (
+from sao.sinks import (
     JsonlMetricsSink,
     MetricsSink,
     MultiSink,
