@@ -37,9 +37,9 @@ def serve_command(
     closed by POST /v1/sessions/{id}/reward."""
     import uvicorn
 
-    from sao.engine.gateway import create_app
     from sao.engine.local import LocalEngine
     from sao.models.loading import load_tokenizer
+    from sao.serve.gateway import create_app
 
     _quiet_transformers()
     if backend not in ("local", "vllm", "sglang"):

@@ -1,7 +1,8 @@
 """Inference engines: token-in/token-out generation with per-token log-probs and policy versions.
 
-Owns generation, continuous batching, in-flight weight updates, the vLLM/SGLang adapters and the
-OpenAI-compatible gateway. Knows nothing of rewards or environments.
+Owns generation, continuous batching, in-flight weight updates and the vLLM/SGLang adapters. Knows nothing
+of trajectories, rewards or environments; the OpenAI-compatible gateway and the session recorder are
+`sao.serve`'s.
 """
 
 from __future__ import annotations

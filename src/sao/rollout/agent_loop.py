@@ -34,9 +34,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sao.engine.sessions import ChatSession, PrefixMismatchError
 from sao.engine.types import Generation, InferenceEngine, SamplingParams
 from sao.envs.base import Env, Message, Task
+from sao.serve.sessions import ChatSession, PrefixMismatchError
 from sao.types import Trajectory
 
 __all__ = ["AgentLoopConfig", "EpisodeError", "PrefixInvariantError", "run_episode"]

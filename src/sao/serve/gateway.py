@@ -2,7 +2,7 @@
 
 Any agent written against the OpenAI SDK gets trained by pointing it at this server: each request names
 its session (``X-Session-Id`` header, or a ``session_id`` field in the body, e.g. the SDK's
-``extra_body``), the gateway records the session token-in/token-out (`sao.engine.sessions`), and
+``extra_body``), the gateway records the session token-in/token-out (`sao.serve.sessions`), and
 ``POST /v1/sessions/{id}/reward`` attaches the outcome, closes the session and emits its trajectories.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
@@ -27,10 +27,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
 from sao.types import Trajectory
 
 from .sessions import ChatSession
-from .types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
 
 __all__ = ["create_app"]
 

@@ -9,10 +9,10 @@ import torch
 
 from conftest import free_port
 from sao.engine import LocalEngine
-from sao.engine.gateway import create_app
-from sao.engine.sessions import ChatSession
 from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
+from sao.serve.gateway import create_app
+from sao.serve.sessions import ChatSession
 from sao.types import Batch
 
 
