@@ -2,31 +2,34 @@
 
     python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out runs/demo/calc_eval.jsonl
 
-Works for the built-in environments that generate their tasks (`calculator`, `guess_number`,
-`style_shift`): each module's ``make_tasks(n, seed)``.
+Works for every environment that generates its own tasks (`sao.envs.make_env_tasks`): the built-in
+`calculator`, `guess_number`, `long_tail` and `style_shift`, and user envs (``path/to/env.py:MyEnv`` or
+``package.module:MyEnv``) whose class defines ``make_tasks(n, seed)``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import sys
 from pathlib import Path
 
+from sao.envs import EnvError, make_env_tasks
 from sao.envs.tasks import save_tasks_jsonl
-
-GENERATED = ("calculator", "guess_number", "style_shift")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--env", choices=GENERATED, required=True)
+    parser.add_argument("--env", required=True, help="a registered name or a file.py:Class / module:Class")
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--seed", type=int, default=123, help="use a seed the SFT data did not use")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    tasks = importlib.import_module(f"sao.envs.{args.env}").make_tasks(args.n, seed=args.seed)
+    try:
+        tasks = make_env_tasks(args.env, args.n, seed=args.seed)
+    except EnvError as err:
+        sys.exit(f"error: {err}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     save_tasks_jsonl(args.out, tasks)
     print(f"wrote {len(tasks)} {args.env} tasks to {args.out}")

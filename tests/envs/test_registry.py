@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
+import sao.envs
 from sao.envs.base import (
     ENV_REGISTRY,
+    ENV_TASKS,
     Env,
     EnvError,
     StepResult,
     Task,
+    TrainingProgress,
     load_env_class,
     make_env,
+    make_env_tasks,
+    notify_training_progress,
     register_env,
 )
 
@@ -39,8 +45,28 @@ USER_ENV = textwrap.dedent(
             pass
 
     NOT_AN_ENV = 42
+
+    class TaskfulEnv(MyEnv):
+        @staticmethod
+        def make_tasks(n, seed):
+            return [Task(id=f"u-{seed}-{i}", prompt=f"p{i}") for i in range(n)]
+
+    class ClassTasksEnv(MyEnv):
+        @classmethod
+        def make_tasks(cls, n, seed):
+            return [Task(id=f"{cls.__name__}-{seed}-{i}", prompt="q") for i in range(n)]
+
+    class BadTasksEnv(MyEnv):
+        @staticmethod
+        def make_tasks(n, seed):
+            return ["not a task"] * n
+
+    class RaisingTasksEnv(MyEnv):
+        @staticmethod
+        def make_tasks(n, seed):
+            raise RuntimeError("no tasks today")
     """
-)
+).replace("from sao.envs.base import StepResult", "from sao.envs.base import StepResult, Task")
 
 
 class _Counter:
@@ -65,6 +91,7 @@ def registered():
     register_env("test-counter")(_Counter)
     yield "test-counter"
     ENV_REGISTRY.pop("test-counter", None)
+    ENV_TASKS.pop("test-counter", None)
 
 
 def test_register_env_and_make_env_by_name_passes_kwargs(registered):
@@ -131,3 +158,155 @@ def test_an_object_without_the_env_methods_is_rejected(tmp_path):
     (tmp_path / "half.py").write_text("class Half:\n    async def reset(self, task):\n        return []\n")
     with pytest.raises(EnvError, match="has no step\\(\\) method"):
         make_env(f"{tmp_path / 'half.py'}:Half")
+
+
+# --- tasks an env can make ---------------------------------------------------------------------------
+
+
+def _counter_tasks(n: int, seed: int) -> list[Task]:
+    return [Task(id=f"c-{seed}-{i}", prompt=str(i)) for i in range(n)]
+
+
+@pytest.fixture
+def with_tasks():
+    """Registers ``_Counter`` with a task generator as ``test-counter-tasks`` for one test."""
+    register_env("test-counter-tasks", tasks=_counter_tasks)(_Counter)
+    yield "test-counter-tasks"
+    ENV_REGISTRY.pop("test-counter-tasks", None)
+    ENV_TASKS.pop("test-counter-tasks", None)
+
+
+def test_register_env_with_tasks_makes_them_through_make_env_tasks(with_tasks):
+    assert make_env_tasks(with_tasks, 3, seed=5) == _counter_tasks(3, 5)
+    assert make_env_tasks(with_tasks, 2) == _counter_tasks(2, 0)  # seed defaults to 0
+    assert make_env_tasks(with_tasks, 0) == []
+    assert register_env(with_tasks, tasks=_counter_tasks)(_Counter) is _Counter  # same again: harmless
+    assert register_env(with_tasks)(_Counter) is _Counter and ENV_TASKS[with_tasks] is _counter_tasks
+    with pytest.raises(EnvError, match="already has another task generator"):
+        register_env(with_tasks, tasks=lambda n, seed: [])(_Counter)
+
+
+@pytest.mark.parametrize(
+    ("name", "module"),
+    [
+        ("calculator", "sao.envs.calculator"),
+        ("guess_number", "sao.envs.guess_number"),
+        ("long_tail", "sao.envs.long_tail"),
+        ("style_shift", "sao.envs.style_shift"),
+    ],
+)
+def test_builtins_register_their_make_tasks(name, module):
+    import importlib
+
+    make_tasks = importlib.import_module(module).make_tasks
+    tasks = make_env_tasks(name, 20, seed=7)
+    assert tasks == make_tasks(20, seed=7) and len(tasks) == 20 and all(isinstance(t, Task) for t in tasks)
+    assert make_env_tasks(name, 20, seed=7) == tasks  # deterministic
+    assert make_env_tasks(name, 20, seed=8) != tasks
+    assert ENV_TASKS[name] is make_tasks
+
+
+@pytest.mark.parametrize("name", ["math_tir", "code_tests"])
+def test_envs_without_a_task_generator_say_to_set_a_train_file(name):
+    with pytest.raises(
+        EnvError, match=f"environment '{name}' does not generate its own tasks; set data.train_file"
+    ):
+        make_env_tasks(name, 4)
+
+
+def test_a_registered_env_without_tasks_has_none_and_unknown_names_are_errors(registered):
+    with pytest.raises(EnvError, match=r"does not generate its own tasks; set data\.train_file"):
+        make_env_tasks(registered, 4)
+    with pytest.raises(EnvError, match="unknown environment 'nope'"):
+        make_env_tasks("nope", 4)
+
+
+@pytest.mark.parametrize("n", [-1, 2.5, True])
+def test_make_env_tasks_rejects_a_bad_count(with_tasks, n):
+    with pytest.raises(EnvError, match="non-negative integer"):
+        make_env_tasks(with_tasks, n)
+
+
+def test_user_env_classes_may_define_make_tasks(tmp_path):
+    file = tmp_path / "my_env.py"
+    file.write_text(USER_ENV)
+    tasks = make_env_tasks(f"{file}:TaskfulEnv", 3, seed=2)
+    assert [t.id for t in tasks] == ["u-2-0", "u-2-1", "u-2-2"] and all(isinstance(t, Task) for t in tasks)
+    assert [t.id for t in make_env_tasks(f"{file}:ClassTasksEnv", 2, 1)] == [
+        "ClassTasksEnv-1-0",
+        "ClassTasksEnv-1-1",
+    ]
+    with pytest.raises(EnvError, match=r"'.*my_env.py:MyEnv' does not generate its own tasks"):
+        make_env_tasks(f"{file}:MyEnv", 3)
+    with pytest.raises(EnvError, match=r"must return a list of sao\.envs\.Task"):
+        make_env_tasks(f"{file}:BadTasksEnv", 3)
+    with pytest.raises(EnvError, match="failed: RuntimeError: no tasks today"):
+        make_env_tasks(f"{file}:RaisingTasksEnv", 3)
+    with pytest.raises(EnvError, match="does not exist"):
+        make_env_tasks(f"{tmp_path / 'missing.py'}:TaskfulEnv", 3)
+
+
+def test_user_env_module_path_with_make_tasks(tmp_path, monkeypatch):
+    (tmp_path / "user_tasks_pkg").mkdir()
+    (tmp_path / "user_tasks_pkg" / "__init__.py").write_text("")
+    (tmp_path / "user_tasks_pkg" / "games.py").write_text(USER_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert len(make_env_tasks("user_tasks_pkg.games:TaskfulEnv", 5, 0)) == 5
+    finally:
+        for name in ("user_tasks_pkg.games", "user_tasks_pkg"):
+            sys.modules.pop(name, None)
+
+
+def test_the_registry_api_is_exported_from_sao_envs():
+    for name in ("make_env_tasks", "TrainingProgress", "notify_training_progress", "register_env"):
+        assert name in sao.envs.__all__ and getattr(sao.envs, name) is not None
+
+
+def test_the_example_script_writes_generated_tasks(tmp_path):
+    import subprocess
+
+    out = tmp_path / "calc.jsonl"
+    script = Path(__file__).parents[2] / "examples" / "make_env_tasks.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--env", "calculator", "--n", "5", "--seed", "3", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(out.read_text().splitlines()) == 5
+    failed = subprocess.run(
+        [sys.executable, str(script), "--env", "math_tir", "--out", str(tmp_path / "x.jsonl")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert failed.returncode != 0 and "set data.train_file" in failed.stderr
+
+
+# --- the training-progress hook ----------------------------------------------------------------------
+
+
+def test_training_progress_is_frozen_plain_data():
+    progress = TrainingProgress(step=3, trained_trajectories=96)
+    assert (progress.step, progress.trained_trajectories) == (3, 96)
+    with pytest.raises(AttributeError):
+        progress.step = 4  # type: ignore[misc]
+    assert TrainingProgress(3, 96) == progress
+    with pytest.raises(ValueError, match="cannot be negative"):
+        TrainingProgress(step=-1, trained_trajectories=0)
+
+
+def test_notify_training_progress_calls_the_hook_only_when_the_env_has_it():
+    seen = []
+
+    class Tracking(_Counter):
+        def set_training_progress(self, progress):
+            seen.append(progress)
+
+    progress = TrainingProgress(step=1, trained_trajectories=32)
+    notify_training_progress(Tracking(), progress)
+    assert seen == [progress]
+    notify_training_progress(_Counter(), progress)  # no hook: nothing happens, no error
+    assert seen == [progress]

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import free_port
 from sao.envs import make_env
-from sao.envs.base import Task
+from sao.envs.base import Task, TrainingProgress, notify_training_progress
 from sao.envs.judges import LLMJudge, RuleJudge, Verdict, parse_judge_answer
 from sao.envs.style_shift import OPTIMAL_SCORE, StyleSchedule, StyleShiftEnv, make_tasks
 
@@ -73,6 +73,51 @@ def test_generated_tasks_carry_their_episode_so_fresh_envs_follow_the_schedule()
     tasks = make_tasks(12, seed=0)
     styles = [episode(StyleShiftEnv(shift_every=4), "x", t)[1].info["style"] for t in tasks]
     assert styles == ["cute"] * 4 + ["chuunibyou"] * 4 + ["classical"] * 4
+
+
+def _trained(env: StyleShiftEnv, trained: int, step: int = 0, t: Task | None = None):
+    """One episode as a training run plays it: the progress hook right before reset."""
+    notify_training_progress(env, TrainingProgress(step=step, trained_trajectories=trained))
+    return episode(env, "x", t)[1]
+
+
+def test_training_progress_switches_the_style_exactly_after_shift_every_trained_trajectories():
+    points = [0, 1, 63, 64, 65, 127, 128, 129, 10_000]
+    infos = [_trained(StyleShiftEnv(shift_every=64), n, step=n // 32).info for n in points]  # fresh envs
+    assert [i["style"] for i in infos] == ["cute"] * 3 + ["chuunibyou"] * 3 + ["classical"] * 3
+    assert [i["episode"] for i in infos] == points
+    assert {i["clock"] for i in infos} == {"training"}
+    assert [i["training_step"] for i in infos] == [n // 32 for n in points]
+
+
+def test_training_progress_counts_schedule_starts_in_trained_trajectories():
+    schedule = [(0, "classical"), (100, "cute"), (250, "chuunibyou")]
+    styles = [_trained(StyleShiftEnv(schedule=schedule), n).info["style"] for n in (0, 99, 100, 249, 250)]
+    assert styles == ["classical", "classical", "cute", "cute", "chuunibyou"]
+
+
+def test_training_progress_takes_precedence_over_set_episode_and_the_task_episode():
+    env = StyleShiftEnv(shift_every=10)
+    env.set_episode(25)  # would be classical
+    task = make_tasks(15, seed=0)[14]  # its own episode 14: chuunibyou
+    result = _trained(env, 3, t=task)
+    assert (result.info["style"], result.info["episode"], result.info["clock"]) == ("cute", 3, "training")
+    # the progress applies to that reset only: the next ones fall back to set_episode, which was not used up
+    result = episode(env, "x", task)[1]
+    assert (result.info["episode"], result.info["clock"], "training_step" in result.info) == (
+        25,
+        "episode_index",
+        False,
+    )
+    assert env.clock == "episode_index"
+
+
+def test_the_clock_names_which_index_was_used_without_the_hook():
+    env = StyleShiftEnv(shift_every=10)
+    assert episode(env, "x")[1].info["clock"] == "reset_count"
+    assert episode(env, "x", make_tasks(1, seed=0)[0])[1].info["clock"] == "task_metadata"
+    env.set_episode(4)
+    assert episode(env, "x")[1].info["clock"] == "episode_index"
 
 
 @pytest.mark.parametrize(
@@ -247,7 +292,7 @@ def test_make_env_builds_an_llm_judge_from_plain_options():
 @pytest.fixture(scope="module")
 def gateway_url(tiny_moe_dir, tiny_tokenizer, serve_app):
     from sao.engine import LocalEngine
-    from sao.engine.gateway import create_app
+    from sao.serve.gateway import create_app
 
     engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=4)
     return serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=16))

@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from sao.cli import app
-from sao.sinks import JsonlMetricsSink
 from sao.runtime.plots import PANELS, read_metrics, smooth
+from sao.sinks import JsonlMetricsSink
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
@@ -143,3 +143,72 @@ def test_cli_plot_run_dir_without_metrics_exits_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["plot", str(tmp_path / "bare")])
     assert result.exit_code == 2
     assert "no metrics.jsonl" in result.output
+
+
+def _with_evals(run_dir: Path, evals: dict[int, dict[str, float]]) -> Path:
+    """Appends eval-only records (as the run logs them: at the measured step, after later train steps)."""
+    with JsonlMetricsSink(run_dir / "metrics.jsonl") as sink:
+        for step, metrics in evals.items():
+            sink.log(step, metrics)
+    return run_dir
+
+
+def _reward_ax(fig):
+    return next(ax for ax in fig.axes if ax.get_title() == PANELS[0].title)
+
+
+def test_the_reward_panel_draws_the_held_out_pass_at_1_next_to_the_reward(tmp_path: Path) -> None:
+    from sao.runtime.plots import build_figure
+
+    run = _run(tmp_path, "with_eval", FULL)
+    _with_evals(
+        run,
+        {
+            10: {"eval/pass@1": 0.4, "eval/pass@4": 0.6, "eval/mean_reward": 0.4, "eval/calc/pass@1": 0.4},
+            0: {"eval/pass@1": 0.1, "eval/pass@4": 0.3, "eval/mean_reward": 0.1, "eval/calc/pass@1": 0.1},
+            20: {"eval/pass@1": 0.7, "eval/pass@4": 0.9, "eval/mean_reward": 0.7, "eval/calc/pass@1": 0.7},
+        },
+    )
+    fig = build_figure([run], window=5)
+    ax = _reward_ax(fig)
+    held_out = [line for line in ax.lines if line.get_label() == "held-out Pass@1"]
+    assert len(held_out) == 1 and len(ax.lines) == 2  # the reward curve and the held-out curve
+    assert list(held_out[0].get_xdata()) == [0.0, 10.0, 20.0]  # sorted by step, not smoothed
+    assert list(held_out[0].get_ydata()) == [0.1, 0.4, 0.7]
+    assert held_out[0].get_marker() == "o"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["reward/mean", "held-out Pass@1"]  # one file: no per-file curve
+    assert all(texts == [] for texts in _panel_texts(fig).values())  # eval-only records break nothing
+    other = next(ax for ax in fig.axes if ax.get_title() == "critic grad norm")
+    assert len(other.lines) == 1 and len(other.lines[0].get_xdata()) == 20
+
+
+def test_per_file_held_out_curves_when_the_run_evaluates_several_files(tmp_path: Path) -> None:
+    from sao.runtime.plots import build_figure, plot_runs
+
+    run = _run(tmp_path, "two_files", FULL, steps=6)
+    _with_evals(
+        run,
+        {
+            s: {"eval/pass@1": 0.5, "eval/aime/pass@1": 0.2, "eval/code/pass@1": 0.8, "eval/aime/pass@4": 0.3}
+            for s in (0, 3, 6)
+        },
+    )
+    other = _run(tmp_path, "no_eval", FULL, steps=6)
+    ax = _reward_ax(build_figure([run, other]))
+    labels = sorted(line.get_label() for line in ax.lines if not line.get_label().startswith("_"))
+    assert labels == ["held-out Pass@1", "held-out Pass@1 (aime)", "held-out Pass@1 (code)"]
+    assert len(ax.lines) == 5  # two reward curves, three held-out ones
+    assert plot_runs([run, other], tmp_path / "evals.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_run_with_evaluations_only_draws_them_and_no_other_panel_breaks(tmp_path: Path) -> None:
+    from sao.runtime.plots import build_figure
+
+    run = _with_evals(tmp_path / "eval_only", {0: {"eval/pass@1": 0.25}, 5: {"eval/pass@1": 0.5}})
+    fig = build_figure([run])
+    texts = _panel_texts(fig)
+    assert texts[PANELS[0].title] == []  # drawn, not "no data"
+    assert [line.get_label() for line in _reward_ax(fig).lines] == ["held-out Pass@1"]
+    assert texts["critic grad norm"] == ["no data"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["eval_only"]

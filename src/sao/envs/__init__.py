@@ -3,26 +3,36 @@ reward verifiers and judges. Knows nothing of training."""
 
 from .base import (
     ENV_REGISTRY,
+    ENV_TASKS,
     Env,
     EnvError,
     Message,
     StepResult,
     Task,
+    TaskSource,
+    TrainingProgress,
     load_env_class,
     make_env,
+    make_env_tasks,
+    notify_training_progress,
     register_env,
 )
 
 __all__ = [
     "ENV_REGISTRY",
+    "ENV_TASKS",
     "Env",
     "EnvError",
     "Message",
     "StepResult",
     "Task",
+    "TaskSource",
+    "TrainingProgress",
     "load_env_class",
     "load_tasks",
     "make_env",
+    "make_env_tasks",
+    "notify_training_progress",
     "register_env",
     "save_tasks_jsonl",
 ]

@@ -7,7 +7,12 @@ reward of its last turn (outcome-only environments return 0 before that). Enviro
 the agent loop (`sao.rollout`) owns tokenisation.
 
 Users register environments by name (``@register_env("name")``) or point the config at their own file
-or module (``"path/to/my_env.py:MyEnv"`` / ``"package.module:MyEnv"``), so no fork is needed.
+or module (``"path/to/my_env.py:MyEnv"`` / ``"package.module:MyEnv"``), so no fork is needed. An env that
+generates its own tasks says so (``@register_env("name", tasks=make_tasks)``, or a ``make_tasks(n, seed)``
+static/class method on the class); `make_env_tasks` asks it for them.
+
+Envs whose behaviour depends on where training stands may implement the optional
+``set_training_progress(TrainingProgress)`` (see `Env`); `notify_training_progress` calls it when present.
 """
 
 from __future__ import annotations
@@ -23,14 +28,19 @@ from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
     "ENV_REGISTRY",
+    "ENV_TASKS",
     "Env",
     "EnvError",
     "Message",
     "StepResult",
     "Task",
+    "TaskSource",
+    "TrainingProgress",
     "initial_messages",
     "load_env_class",
     "make_env",
+    "make_env_tasks",
+    "notify_training_progress",
     "register_env",
 ]
 
@@ -63,6 +73,22 @@ class StepResult:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TrainingProgress:
+    """Where training stands when an episode starts: plain data, so envs need to know nothing of training.
+
+    ``step``: the trainer's completed optimizer steps; ``trained_trajectories``: the number of trajectories
+    trained on so far (both 0 before the first step).
+    """
+
+    step: int
+    trained_trajectories: int
+
+    def __post_init__(self) -> None:
+        if self.step < 0 or self.trained_trajectories < 0:
+            raise ValueError(f"training progress cannot be negative, got {self}")
+
+
 @runtime_checkable
 class Env(Protocol):
     """One episode at a time. ``max_turns`` bounds the episode (the agent loop enforces it).
@@ -70,6 +96,12 @@ class Env(Protocol):
     Optional attributes the agent loop reads when present: ``name`` (recorded in the trajectory's
     metadata; default the class name) and ``tools`` (OpenAI-style function schemas passed to the chat
     template, which lists them in the system turn).
+
+    Optional method ``set_training_progress(progress: TrainingProgress) -> None``: for envs whose
+    behaviour depends on where training stands (a curriculum, a preference that shifts during training,
+    e.g. `sao.envs.style_shift`). A training run calls it (through `notify_training_progress`) on the
+    fresh env right before ``reset`` of every training episode, with the progress at that moment; it is
+    never called for evaluation episodes, so an env must behave sensibly without it.
     """
 
     max_turns: int
@@ -101,16 +133,36 @@ def initial_messages(
     return messages
 
 
+def notify_training_progress(env: Any, progress: TrainingProgress) -> None:
+    """Call ``env.set_training_progress(progress)`` when the env has that method; otherwise do nothing."""
+    hook = getattr(env, "set_training_progress", None)
+    if callable(hook):
+        hook(progress)
+
+
+TaskSource = Callable[[int, int], list[Task]]  # tasks(n, seed) -> n deterministic tasks
+
 ENV_REGISTRY: dict[str, Callable[..., Env]] = {}
+ENV_TASKS: dict[str, TaskSource] = {}  # registered name -> its task generator, for envs that have one
 
 
-def register_env(name: str) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
-    """Decorator: register an env class (or factory) under ``name``; ``make_env(name, **kw)`` builds it."""
+def register_env(
+    name: str, *, tasks: TaskSource | None = None
+) -> Callable[[Callable[..., Env]], Callable[..., Env]]:
+    """Decorator: register an env class (or factory) under ``name``; ``make_env(name, **kw)`` builds it.
+
+    ``tasks``: the env's own task generator, ``tasks(n, seed) -> list[Task]`` (``n`` tasks, the same for
+    the same arguments); `make_env_tasks(name, n, seed)` calls it, so training needs no task file.
+    """
 
     def deco(factory: Callable[..., Env]) -> Callable[..., Env]:
         if name in ENV_REGISTRY and ENV_REGISTRY[name] is not factory:
             raise EnvError(f"environment {name!r} is already registered")
+        if tasks is not None and ENV_TASKS.get(name, tasks) is not tasks:
+            raise EnvError(f"environment {name!r} already has another task generator")
         ENV_REGISTRY[name] = factory
+        if tasks is not None:
+            ENV_TASKS[name] = tasks
         return factory
 
     return deco
@@ -170,6 +222,54 @@ def make_env(name_or_source: str, **kwargs: Any) -> Env:
         with contextlib.suppress(AttributeError):  # the name trajectories report as metadata["env"]
             env.name = name_or_source  # type: ignore[attr-defined]
     return env
+
+
+def _task_source(name_or_source: str) -> TaskSource | None:
+    """The env's task generator: the registered ``tasks=``, else the class's ``make_tasks`` attribute."""
+    if ":" in name_or_source:
+        factory = load_env_class(name_or_source)
+    else:
+        _load_builtins()
+        try:
+            factory = ENV_REGISTRY[name_or_source]
+        except KeyError:
+            known = ", ".join(sorted(ENV_REGISTRY)) or "none"
+            raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
+        if name_or_source in ENV_TASKS:
+            return ENV_TASKS[name_or_source]
+    source = getattr(factory, "make_tasks", None)
+    return source if callable(source) else None
+
+
+def make_env_tasks(name_or_source: str, n: int, seed: int = 0) -> list[Task]:
+    """``n`` tasks generated by the environment itself (deterministic in ``seed``).
+
+    ``name_or_source`` is a registered name (its ``register_env(..., tasks=...)`` generator) or a
+    ``file.py:Class`` / ``module:Class`` source whose class defines ``make_tasks(n, seed)`` as a static
+    or class method (a registered class without ``tasks=`` may do the same). Raises `EnvError` when the
+    env has no task generator (then training needs ``data.train_file``) or the generator fails or
+    returns something other than a list of `Task`.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise EnvError(f"the number of tasks must be a non-negative integer, got {n!r}")
+    source = _task_source(name_or_source)
+    if source is None:
+        raise EnvError(f"environment {name_or_source!r} does not generate its own tasks; set data.train_file")
+    try:
+        tasks = source(n, seed)
+    except Exception as err:
+        raise EnvError(
+            f"generating tasks of environment {name_or_source!r} failed: {type(err).__name__}: {err}"
+        ) from err
+    try:
+        tasks = list(tasks)
+    except TypeError:
+        tasks = None
+    if tasks is None or not all(isinstance(t, Task) for t in tasks):
+        raise EnvError(
+            f"the task generator of environment {name_or_source!r} must return a list of sao.envs.Task"
+        )
+    return tasks
 
 
 def _load_builtins() -> None:

@@ -154,7 +154,7 @@ def optimal_policy(task: Task, messages: list[Message]) -> str:
     return tool_call_text(f"{meta['a']}{meta['op']}{meta['b']}")
 
 
-@register_env("calculator")
+@register_env("calculator", tasks=make_tasks)
 class CalculatorEnv:
     """See the module docstring. One episode at a time."""
 

@@ -101,7 +101,7 @@ def optimal_policy(messages: list[Message], max_number: int | None = None) -> st
     return guess_text((low + high) // 2)
 
 
-@register_env("guess_number")
+@register_env("guess_number", tasks=make_tasks)
 class GuessNumberEnv:
     """See the module docstring. ``max_turns`` (None: from the task's N) and ``shaping`` are options."""
 

@@ -75,7 +75,7 @@ def optimal_policy(messages: list[Message], task: Task) -> str:
     return str(task.answer)
 
 
-@register_env("long_tail")
+@register_env("long_tail", tasks=make_tasks)
 class LongTailEnv:
     """See the module docstring. ``system_prompt`` is optional; ``turns``: ``"task"`` or ``"episode"``."""
 

@@ -8,17 +8,23 @@ style is *not* in the prompt: the policy must track it from rewards alone, which
 The style follows a schedule over episode indices, cute → chuunibyou → classical by default: either
 ``schedule=[(0, "cute"), (300, "chuunibyou"), (600, "classical")]`` (start episode, style; the last style
 stays) or ``shift_every=k`` (the three styles in that order, k episodes each). Which episode index an
-episode has, in order of precedence:
+episode has, in order of precedence (the *clock*, recorded as ``info["clock"]``):
 
-1. `StyleShiftEnv.set_episode` (a trainer driving the schedule, e.g. with its global step or a shared
-   episode counter); the env counts on from there (k, k + 1, ...) on later resets of the same instance;
-2. ``task.metadata["episode"]`` — `make_tasks` numbers its tasks 0, 1, 2, ..., so a task stream consumed
-   in order follows the schedule with no plumbing, even with one env instance per episode;
-3. otherwise the number of earlier resets of this instance.
+1. ``"training"`` — `StyleShiftEnv.set_training_progress` (the training-progress hook of `sao.envs.Env`,
+   which a training run calls on every fresh env right before ``reset``): the index is
+   ``progress.trained_trajectories``, so ``shift_every=k`` switches the preferred style of new episodes
+   after k trained trajectories (and schedule starts count trained trajectories). It applies to the next
+   `reset` only;
+2. ``"episode_index"`` — `StyleShiftEnv.set_episode` (a caller driving the schedule with its own episode
+   counter); the env counts on from there (k, k + 1, ...) on later resets of the same instance;
+3. ``"task_metadata"`` — ``task.metadata["episode"]``: `make_tasks` numbers its tasks 0, 1, 2, ..., so a
+   task stream consumed in order follows the schedule with no plumbing, even with one env per episode;
+4. ``"reset_count"`` — otherwise the number of earlier resets of this instance.
 
-``StepResult.info`` carries ``style`` (the preferred style), ``episode``, ``quality``, ``style_ok``, and
-``judge_error`` when the judge failed (reward 0). Optimal score 1.0 (the rule judge is satisfiable in every
-style, e.g. ``The cat is fluffy~`` / ``The cat of darkness awakens!`` / ``Thy cat doth sleep.``).
+``StepResult.info`` carries ``style`` (the preferred style), ``episode``, ``clock``, ``training_step``
+(on the training clock), ``quality``, ``style_ok``, and ``judge_error`` when the judge failed (reward 0).
+Optimal score 1.0 (the rule judge is satisfiable in every style, e.g. ``The cat is fluffy~`` /
+``The cat of darkness awakens!`` / ``Thy cat doth sleep.``).
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Message, StepResult, Task, initial_messages, register_env
+from .base import Message, StepResult, Task, TrainingProgress, initial_messages, register_env
 from .judges import STYLES, Judge, make_judge
 
 __all__ = [
+    "CLOCKS",
     "DEFAULT_SHIFT_EVERY",
     "OPTIMAL_SCORE",
     "TOPICS",
@@ -48,6 +55,7 @@ TOPICS = (
     "cat", "dog", "rain", "moon", "sea", "tea", "fire", "snow",
     "star", "tree", "wind", "cake", "bird", "book", "night", "sun",
 )  # fmt: skip
+CLOCKS = ("training", "episode_index", "task_metadata", "reset_count")  # see the module docstring
 _TOPIC = re.compile(r"about (.+?)\.?$")
 
 
@@ -113,7 +121,7 @@ def make_tasks(n: int, seed: int = 0, topics: Sequence[str] = TOPICS) -> list[Ta
     return tasks
 
 
-@register_env("style_shift")
+@register_env("style_shift", tasks=make_tasks)
 class StyleShiftEnv:
     """See the module docstring.
 
@@ -144,15 +152,28 @@ class StyleShiftEnv:
         )
         self.judge: Judge = make_judge(judge, **(judge_options or {})) if isinstance(judge, str) else judge
         self.system_prompt = system_prompt
+        self._progress: TrainingProgress | None = None
         self._next_episode: int | None = None
         self._resets = 0
         self._episode = 0
+        self._clock = "reset_count"
+        self._training_step: int | None = None
         self._topic = ""
         self._done = True
+
+    def set_training_progress(self, progress: TrainingProgress) -> None:
+        """The training-progress hook: the next `reset` plays episode ``progress.trained_trajectories``
+        (takes precedence over `set_episode` and the task's episode number; the next reset only)."""
+        self._progress = progress
 
     def set_episode(self, episode: int) -> None:
         """Make the next `reset` play episode ``episode`` (later resets count on from it)."""
         self._next_episode = int(episode)
+
+    @property
+    def clock(self) -> str:
+        """Which clock gave the current (or last) episode its index (one of `CLOCKS`)."""
+        return self._clock
 
     @property
     def episode(self) -> int:
@@ -165,13 +186,18 @@ class StyleShiftEnv:
         return self.schedule.style_at(self._episode)
 
     async def reset(self, task: Task) -> list[Message]:
-        if self._next_episode is not None:
-            self._episode = self._next_episode
+        self._training_step = None
+        if self._progress is not None:
+            self._episode, self._clock = int(self._progress.trained_trajectories), "training"
+            self._training_step = int(self._progress.step)
+            self._progress = None
+        elif self._next_episode is not None:
+            self._episode, self._clock = self._next_episode, "episode_index"
             self._next_episode += 1
         elif "episode" in task.metadata:
-            self._episode = int(task.metadata["episode"])
+            self._episode, self._clock = int(task.metadata["episode"]), "task_metadata"
         else:
-            self._episode = self._resets
+            self._episode, self._clock = self._resets, "reset_count"
         self._resets += 1
         self._done = False
         self._topic = str(task.metadata.get("topic") or _topic_from(task.prompt))
@@ -179,7 +205,9 @@ class StyleShiftEnv:
 
     async def step(self, assistant_text: str) -> StepResult:
         style = self.current_style
-        info: dict[str, Any] = {"style": style, "episode": self._episode}
+        info: dict[str, Any] = {"style": style, "episode": self._episode, "clock": self._clock}
+        if self._training_step is not None:
+            info["training_step"] = self._training_step
         if self._done:
             info["error"] = "step() called outside an episode"
             return StepResult([], 0.0, True, info)

@@ -5,13 +5,19 @@ Metric names the trainer should emit (first name found per run wins; a panel wit
 ============================  =========================================================================
 panel                         metric names (fallbacks after the first)
 ============================  =========================================================================
-reward                        ``reward/mean``, ``reward``
+reward                        ``reward/mean``, ``reward``; plus ``eval/pass@1`` (held-out, see below)
 critic explained variance     ``critic/explained_variance``, ``value_pretrain/explained_variance``
 critic grad norm              ``critic/grad_norm`` (before clipping)
 DIS masked fraction           ``dis/masked_frac``
 policy lag (tokens)           ``lag/token_mean``, ``lag/trajectory_mean``
 throughput                    ``throughput/trajectories_per_s``, ``throughput/tokens_per_s``
 ============================  =========================================================================
+
+The reward panel also draws the held-out evaluation, ``eval/pass@1`` (and, when the run evaluates more
+than one task file, each file's ``eval/<file stem>/pass@1``), as lines with markers labelled
+"held-out Pass@1" on the same axes as the training reward, at the steps the evaluations measured (not
+smoothed). Evaluation records may hold only ``eval/*`` keys; a run with evaluations but no reward metric
+still draws them.
 
 Each JSONL line is ``{"step": s, "time": t, name: value, ...}``; ``null`` (NaN) values and unparsable
 lines (a half-written last line of a live run) are skipped. Drawing uses matplotlib's object API with the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,7 @@ __all__ = [
     "Panel",
     "Series",
     "build_figure",
+    "held_out_series",
     "plot_runs",
     "read_metrics",
     "resolve_metrics_file",
@@ -51,10 +59,12 @@ Smoothing = Literal["mean", "ema"]
 class Panel:
     title: str
     metrics: tuple[str, ...]  # candidates, first found wins
+    held_out: str | None = None  # also draw ``eval/<held_out>`` and ``eval/<file>/<held_out>``, with markers
+    held_out_label: str = ""
 
 
 PANELS: tuple[Panel, ...] = (
-    Panel("reward (mean)", ("reward/mean", "reward")),
+    Panel("reward (mean)", ("reward/mean", "reward"), held_out="pass@1", held_out_label="held-out Pass@1"),
     Panel("critic explained variance", ("critic/explained_variance", "value_pretrain/explained_variance")),
     Panel("critic grad norm", ("critic/grad_norm",)),
     Panel("DIS masked fraction", ("dis/masked_frac",)),
@@ -136,6 +146,47 @@ def _pick_metrics(panel: Panel, data: Sequence[tuple[str, dict[str, Series]]]) -
     return [next((m for m in shared if m in series), None) for _, series in data]
 
 
+_FILE_MARKERS = ("s", "^", "D", "v", "P", "X")
+
+
+def held_out_series(series: dict[str, Series], metric: str) -> list[tuple[str | None, Series]]:
+    """The evaluation curves of ``metric`` in one run, sorted by step: ``(None, eval/<metric>)`` first,
+    then ``(stem, eval/<stem>/<metric>)`` per task file when there are two or more files."""
+    per_file = re.compile(rf"^eval/([^/]+)/{re.escape(metric)}$")
+    files = sorted(m.group(1) for name in series if (m := per_file.match(name)))
+    names: list[tuple[str | None, str]] = [(None, f"eval/{metric}")] if f"eval/{metric}" in series else []
+    if len(files) > 1:
+        names += [(stem, f"eval/{stem}/{metric}") for stem in files]
+    out = []
+    for stem, name in names:
+        points = sorted(zip(*series[name], strict=True))
+        out.append((stem, ([s for s, _ in points], [v for _, v in points])))
+    return out
+
+
+def _draw_held_out(
+    ax: Any, panel: Panel, data: Sequence[tuple[str, dict[str, Series]]]
+) -> list[tuple[int, Any]]:
+    """The panel's held-out curves (markers, run colours) as (run index, line) pairs."""
+    if panel.held_out is None:
+        return []
+    label = panel.held_out_label or f"held-out {panel.held_out}"
+    lines = []
+    for i, (_, series) in enumerate(data):
+        curves = held_out_series(series, panel.held_out)
+        for j, (stem, (steps, values)) in enumerate(c for c in curves if c[0] is not None):
+            marker = _FILE_MARKERS[j % len(_FILE_MARKERS)]
+            (line,) = ax.plot(
+                steps, values, ":", marker=marker, ms=4, color=f"C{i}", lw=1.0, label=f"{label} ({stem})"
+            )
+            lines.append((i, line))
+        for stem, (steps, values) in curves:
+            if stem is None:
+                (line,) = ax.plot(steps, values, "-", marker="o", ms=4, color=f"C{i}", lw=1.2, label=label)
+                lines.append((i, line))
+    return lines
+
+
 def build_figure(
     runs: Sequence[str | Path],
     *,
@@ -146,9 +197,12 @@ def build_figure(
     """The panels of ``runs`` (legend: run directory name) as a matplotlib Figure (Agg canvas).
 
     A panel whose runs use different fallback metrics draws the second one dashed on a right-hand axis.
-    Raises FileNotFoundError (see :func:`resolve_metrics_file`) before drawing anything.
+    A panel with ``held_out`` also draws the evaluation curves (see the module docstring) on its left axis,
+    with a legend telling them from the training curve. Raises FileNotFoundError (see
+    :func:`resolve_metrics_file`) before drawing anything.
     """
     from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
     from matplotlib.ticker import MaxNLocator
 
     data = [(_run_label(Path(run)), read_metrics(resolve_metrics_file(run))) for run in runs]
@@ -170,9 +224,22 @@ def build_figure(
             handles.setdefault(label, line)
         for name, target in targets.items():
             target.set_ylabel(name if target is ax else f"{name} (dashed)", fontsize=8)
+        held_out = _draw_held_out(ax, panel, data)
+        for i, line in held_out:
+            handles.setdefault(data[i][0], line)  # a run with evaluations only
+        if held_out:
+            if not used:
+                ax.set_ylabel(f"eval/{panel.held_out}", fontsize=8)
+            kinds = [Line2D([], [], color="gray", lw=1.4, label=name) for name in used]
+            by_label = {line.get_label(): line for _, line in held_out}
+            kinds += [
+                Line2D([], [], color="gray", ls=line.get_linestyle(), marker=line.get_marker(), label=text)
+                for text, line in sorted(by_label.items())
+            ]
+            ax.legend(handles=kinds, fontsize=7, loc="best")
         ax.set_title(panel.title)
         ax.set_xlabel("step")
-        if used:
+        if used or held_out:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.grid(alpha=0.3)
         else:
