@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import sys
 import types
 from pathlib import Path
@@ -16,7 +17,9 @@ import pytest
 import torch
 from rich.console import Console
 
+import sao.sinks
 from sao.config import ConfigError, LoggingConfig
+from sao.runtime.progress import TrainingProgress, format_duration
 from sao.sinks import (
     JsonlMetricsSink,
     MetricsSink,
@@ -27,7 +30,6 @@ from sao.sinks import (
     rewind_metrics,
     scalar_value,
 )
-from sao.runtime.progress import TrainingProgress, format_duration
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -170,24 +172,112 @@ def test_wandb_enabled_but_missing_is_a_config_error(tmp_path: Path, monkeypatch
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
-def test_wandb_sink_forwards_scalars_when_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[str, Any]] = []
+class FakeWandb(types.ModuleType):
+    """A stand-in ``wandb`` module: records init kwargs, logged records and finishes; no network."""
 
-    class FakeRun:
-        def log(self, data: dict[str, Any], step: int) -> None:
-            calls.append(("log", (step, data)))
+    def __init__(self, with_util: bool = True) -> None:
+        super().__init__("wandb")
+        self.inits: list[dict[str, Any]] = []
+        self.calls: list[tuple[str, Any]] = []
+        self._ids = iter(f"fakeid{n:02d}" for n in range(100))
+        if with_util:
+            self.util = types.SimpleNamespace(generate_id=lambda: next(self._ids))
 
-        def finish(self) -> None:
-            calls.append(("finish", None))
+    def init(self, **kwargs: Any) -> Any:
+        self.inits.append(kwargs)
+        calls = self.calls
 
-    fake = types.ModuleType("wandb")
-    fake.init = lambda **kwargs: calls.append(("init", kwargs)) or FakeRun()  # type: ignore[attr-defined]
+        class FakeRun:
+            id = kwargs.get("id")
+
+            def log(self, data: dict[str, Any], step: int) -> None:
+                calls.append(("log", (step, data)))
+
+            def finish(self) -> None:
+                calls.append(("finish", None))
+
+        return FakeRun()
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> FakeWandb:
+    fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    with make_sinks(LoggingConfig(wandb=True, tensorboard=False), tmp_path / "run1") as sinks:
+    return fake
+
+
+WANDB = LoggingConfig(wandb=True, tensorboard=False, log_every=1)
+
+
+def test_wandb_sink_forwards_scalars_and_config_when_installed(tmp_path: Path, fake_wandb: FakeWandb) -> None:
+    config = {"model": {"name": "test"}, "algo": {"lr": 1e-5}, "seed": 3}
+    with make_sinks(WANDB, tmp_path / "run1", config=config) as sinks:
         assert isinstance(sinks.sinks[0], WandbSink)
         sinks.log(1, {"reward/mean": torch.tensor(0.5), "vec": torch.ones(2)})
-    assert calls[0][0] == "init" and calls[0][1]["name"] == "run1"
-    assert calls[1:] == [("log", (1, {"reward/mean": 0.5})), ("finish", None)]
+    (init,) = fake_wandb.inits
+    assert init["name"] == "run1" and init["dir"] == str(tmp_path / "run1")
+    assert init["config"] == config
+    assert fake_wandb.calls == [("log", (1, {"reward/mean": 0.5})), ("finish", None)]
+
+
+def test_wandb_first_run_writes_its_id_and_a_resume_continues_that_run(
+    tmp_path: Path, fake_wandb: FakeWandb, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replaced: list[tuple[str, str]] = []
+    real_replace = sao.sinks.os.replace
+
+    def recording_replace(src: Any, dst: Any) -> None:
+        replaced.append((Path(src).name, Path(dst).name))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(sao.sinks.os, "replace", recording_replace)
+    run_dir = tmp_path / "run"
+    with make_sinks(WANDB, run_dir) as sinks:  # the first run, killed after step 5 (checkpoint at 3)
+        for step in range(6):
+            sinks.log(step, {"x": float(step)})
+    first = fake_wandb.inits[0]
+    assert first["id"] == "fakeid00" and first.get("resume") is None
+    assert (run_dir / "wandb_run_id").read_text().strip() == "fakeid00"
+    assert ("wandb_run_id.tmp", "wandb_run_id") in replaced  # atomic: temp file, then os.replace
+    assert not (run_dir / "wandb_run_id.tmp").exists()
+
+    fake_wandb.calls.clear()
+    with make_sinks(WANDB, run_dir, resume_step=3) as sinks:
+        sinks.log(6, {"x": 6.5})
+    second = fake_wandb.inits[1]
+    assert second["id"] == "fakeid00" and second["resume"] == "allow"
+    assert (run_dir / "wandb_run_id").read_text().strip() == "fakeid00"
+    assert fake_wandb.calls == [("log", (6, {"x": 6.5})), ("finish", None)]  # the run's own step
+
+
+def test_wandb_without_resume_generates_a_new_id_and_overwrites_the_file(
+    tmp_path: Path, fake_wandb: FakeWandb
+) -> None:
+    (tmp_path / "wandb_run_id").write_text("oldrun42\n")
+    make_sinks(WANDB, tmp_path).close()
+    (init,) = fake_wandb.inits
+    assert init["id"] == "fakeid00" and init.get("resume") is None
+    assert (tmp_path / "wandb_run_id").read_text().strip() == "fakeid00"
+
+
+def test_wandb_resume_without_an_id_file_starts_a_fresh_run_and_records_it(
+    tmp_path: Path, fake_wandb: FakeWandb
+) -> None:
+    make_sinks(WANDB, tmp_path, resume_step=2).close()  # the earlier run did not log to W&B
+    (init,) = fake_wandb.inits
+    assert init["id"] == "fakeid00" and init.get("resume") is None
+    assert (tmp_path / "wandb_run_id").read_text().strip() == "fakeid00"
+
+
+def test_wandb_id_falls_back_to_uuid_without_wandb_util(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeWandb(with_util=False)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    make_sinks(WANDB, tmp_path).close()
+    run_id = fake.inits[0]["id"]
+    assert re.fullmatch(r"[0-9a-f]{8}", run_id)
+    assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
 
 
 class FakeClock:

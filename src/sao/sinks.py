@@ -5,7 +5,8 @@ Every sink satisfies the small :class:`MetricsSink` protocol (``log(step, metric
 - :class:`JsonlMetricsSink` appends one JSON object per logged step to ``RUN_DIR/metrics.jsonl``
   (``sao plot`` reads it back);
 - :class:`TensorBoardSink` writes scalar events into ``RUN_DIR`` (``tensorboard --logdir runs/``);
-- :class:`WandbSink` forwards to Weights & Biases, only when ``wandb`` is installed and enabled;
+- :class:`WandbSink` forwards to Weights & Biases, only when ``wandb`` is installed and enabled; its run
+  id is kept in ``RUN_DIR/wandb_run_id`` so that a resumed run continues the same W&B run;
 - :class:`MultiSink` fans one record out to several sinks; :func:`make_sinks` builds it from a
   :class:`~sao.config.LoggingConfig`.
 
@@ -28,6 +29,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DISCARDED_METRICS_FILE",
     "METRICS_FILE",
+    "WANDB_RUN_ID_FILE",
     "JsonlMetricsSink",
     "MetricsSink",
     "MultiSink",
@@ -53,6 +56,7 @@ __all__ = [
 
 METRICS_FILE = "metrics.jsonl"
 DISCARDED_METRICS_FILE = "metrics.discarded.jsonl"
+WANDB_RUN_ID_FILE = "wandb_run_id"
 
 
 @runtime_checkable
@@ -144,6 +148,18 @@ class TensorBoardSink:
 class WandbSink:
     """Weights & Biases run; ``project`` defaults to ``$WANDB_PROJECT`` or ``sao``.
 
+    ``config`` (the resolved run config, plain data) goes to ``wandb.init(config=...)``. The W&B run id is
+    kept in ``run_dir/wandb_run_id`` (`WANDB_RUN_ID_FILE`, written atomically): a new run (``resume_step``
+    None) generates a fresh id and (over)writes the file; a resumed run (``resume_step`` set) reads it and
+    inits with ``id=<that id>, resume="allow"``, so it continues the same W&B run (a fresh id, written to
+    the file, when there is none: the earlier run did not log to W&B). ``id=`` is always passed, so the
+    file and W&B agree.
+
+    Steps stay those of the run (``log(step=...)``). W&B refuses a step lower than or equal to the last one
+    it has: a run killed after its checkpoint of step ``s`` had logged steps past ``s``, and their redone
+    records (steps ``s+1`` up to the last one W&B saw) are dropped by W&B with a warning. W&B's history is
+    not rewound; ``metrics.jsonl`` and TensorBoard hold the redone values.
+
     Raises :class:`~sao.config.ConfigError` (naming ``logging.wandb``) when ``wandb`` is not installed.
     """
 
@@ -154,6 +170,7 @@ class WandbSink:
         run_name: str | None = None,
         project: str | None = None,
         config: Mapping[str, Any] | None = None,
+        resume_step: int | None = None,
     ) -> None:
         try:
             wandb = importlib.import_module("wandb")
@@ -162,18 +179,42 @@ class WandbSink:
                 "logging.wandb: true, but the 'wandb' package is not installed "
                 "(pip install wandb, or set logging.wandb=false)"
             ) from None
-        self._run = wandb.init(
-            project=project or os.environ.get("WANDB_PROJECT", "sao"),
-            name=run_name or Path(run_dir).name,
-            dir=str(run_dir),
-            config=dict(config) if config is not None else None,
-        )
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        id_file = run_dir / WANDB_RUN_ID_FILE
+        run_id = None
+        if resume_step is not None and id_file.exists():
+            run_id = id_file.read_text(encoding="utf-8").strip() or None
+        resume = "allow" if run_id is not None else None
+        if run_id is None:
+            run_id = _new_wandb_id(wandb)
+        self.run_id = run_id
+        self.resume_step = resume_step
+        kwargs: dict[str, Any] = {
+            "project": project or os.environ.get("WANDB_PROJECT", "sao"),
+            "name": run_name or run_dir.name,
+            "dir": str(run_dir),
+            "config": dict(config) if config is not None else None,
+            "id": run_id,
+        }
+        if resume is not None:
+            kwargs["resume"] = resume
+        self._run = wandb.init(**kwargs)
+        if resume is None:  # a new W&B run: record its id for a later --resume
+            tmp = id_file.with_name(id_file.name + ".tmp")
+            tmp.write_text(run_id + "\n", encoding="utf-8")
+            os.replace(tmp, id_file)
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         self._run.log(scalar_metrics(metrics), step=step)
 
     def close(self) -> None:
         self._run.finish()
+
+
+def _new_wandb_id(wandb: Any) -> str:
+    generate = getattr(getattr(wandb, "util", None), "generate_id", None)
+    return str(generate()) if callable(generate) else uuid.uuid4().hex[:8]
 
 
 class MultiSink:
@@ -221,13 +262,14 @@ def make_sinks(
 ) -> MultiSink:
     """JSONL always (``run_dir/metrics.jsonl``), TensorBoard and W&B as ``logging_cfg`` enables them;
     records are kept every ``logging_cfg.log_every`` steps. ``config`` (the resolved run config) goes to W&B.
-    ``resume_step``: the run resumes after this step; later records of the earlier run are set aside.
+    ``resume_step``: the run resumes after this step; later records of the earlier run are set aside, and
+    W&B continues the run whose id ``run_dir/wandb_run_id`` holds (see :class:`WandbSink`).
     """
     run_dir = Path(run_dir)
     sinks: list[MetricsSink] = []
     try:
         if logging_cfg.wandb:  # first: the one most likely to fail, before files are opened
-            sinks.append(WandbSink(run_dir, run_name=run_name, config=config))
+            sinks.append(WandbSink(run_dir, run_name=run_name, config=config, resume_step=resume_step))
         if resume_step is not None:
             rewind_metrics(run_dir / METRICS_FILE, resume_step)
         sinks.append(JsonlMetricsSink(run_dir / METRICS_FILE))
