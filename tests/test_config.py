@@ -1,5 +1,5 @@
-"""The run config: presets carry SPEC §3 values, precedence is defaults <- preset <- YAML <- overrides, and
-every bad key or value is a ConfigError that names the dotted key."""
+"""The run config: presets carry the paper's values (docs/config.md), precedence is defaults <- preset <-
+YAML <- overrides, and every bad key or value is a ConfigError that names the dotted key."""
 
 from __future__ import annotations
 

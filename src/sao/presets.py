@@ -1,4 +1,5 @@
-"""Algorithm presets (SPEC §3): plain data, applied by `sao.config.load_config` before the YAML and overrides.
+"""Algorithm presets (docs/config.md): plain data, applied by `sao.config.load_config` before the YAML and
+overrides.
 
 A preset is a partial run config `{"algo": {...AlgoConfig fields...}, "critic": {...}}`. It fixes the
 advantage estimator, the policy loss and its band, the critic schedule and the group size; anything it leaves

@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume (DESIGN invariant 6), atomic writes, pruning, robust discovery, clear errors."""
+"""Checkpoints: exact resume (invariant 6 of docs/training.md), atomic writes, pruning, robust discovery,
+clear errors."""
 
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ LM head runs on the decode rows only; each row is sampled with its request's par
 
 Log-probs: the recorded log-prob is that of the distribution actually sampled from (temperature, top-k,
 top-p, renormalised); at temperature 1 without filters it is the trainer's teacher-forced log-prob with the
-same weights (DESIGN invariant 3; tested against `sao.models.forward.token_logprobs`).
+same weights (invariant 3 of docs/training.md; tested against `sao.models.forward.token_logprobs`).
 
 Weight updates (`update_weights`) are applied between steps and never abort in-flight requests; each token
-records the version of the weights whose forward produced its distribution (invariant 4). By default the
+records the version of the weights whose forward produced its distribution (invariant 4 there). By default the
 KV already cached for in-flight sequences is kept (computed by the older weights): the update costs only
 the copy of the weights, and a request's tokens after the update come from the new weights reading a prefix
 encoded by the old ones. With ``recompute_kv_on_update=True`` every in-flight sequence is re-prefilled with

@@ -1,4 +1,4 @@
-"""The critic V_φ: the policy's backbone plus a scalar value head (SPEC §2.3, §2.4, §2.6).
+"""The critic V_φ: the policy's backbone plus a scalar value head (docs/models.md).
 
 It is transformers' token-classification model with one label (``Qwen3MoeForTokenClassification``,
 ``Qwen3ForTokenClassification``, …), dropout 0, wrapped so that ``critic(input_ids, position_ids)`` returns

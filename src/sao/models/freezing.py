@@ -1,4 +1,4 @@
-"""Which parameters train: freezing rules by parameter name (SPEC §2.4, the frozen-attention critic).
+"""Which parameters train: freezing rules by parameter name (the frozen-attention critic; docs/models.md).
 
 ``freeze="attention"`` freezes every parameter whose name contains ``.self_attn.`` (the q/k/v/o projections
 and q/k norms of HF decoder layers) and keeps the MLP / MoE experts and router, the norms, the embeddings and

@@ -4,7 +4,7 @@ Owns: turns, limits (turns, token budget), the token bookkeeping (through a stri
 prefix-invariant check, error handling, and building the `Trajectory`. Does not own: sampling prompts,
 in-flight bounds, queues (the producer), rewards (the env), tokens of the env (it sees text only).
 
-Token layout (DESIGN invariant 1: the trainer never re-tokenizes):
+Token layout (invariant 1 of docs/training.md: the trainer never re-tokenizes):
 
 - The prompt is the chat-template rendering of ``env.reset(task)`` with the generation prompt.
 - Each assistant turn is exactly the engine's tokens, ending with the end-of-turn token (``<|im_end|>``,

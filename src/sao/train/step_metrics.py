@@ -1,4 +1,5 @@
-"""Per-batch statistics the RL trainer logs (SPEC §5) that depend only on the batch, not on the models.
+"""Per-batch statistics the RL trainer logs (docs/training.md) that depend only on the batch, not on the
+models.
 
 Reward, response/action token counts, turns, and policy lag: per action token ``policy_version − version``
 (mean/max) and per trajectory the span of policy versions its action tokens came from (max − min).

@@ -1,4 +1,4 @@
-"""Value pretraining (SPEC §2.6): regress a fresh critic on Monte-Carlo returns of the initial policy.
+"""Value pretraining (docs/models.md): regress a fresh critic on Monte-Carlo returns of the initial policy.
 
 The critic starts from the policy checkpoint (same backbone, new zero head). Targets are the Monte-Carlo
 returns on action tokens (skip-observation GAE with λ = 1: the discounted reward-to-go, 0 on observation
