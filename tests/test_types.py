@@ -352,6 +352,32 @@ def test_load_jsonl_validates_unless_told_not_to(tmp_path):
     assert load_jsonl(path, validate=False) == [traj]
 
 
+FINISHES = {"stop": False, "length": True, "max_turns": True, "error": False, "abort": False}
+
+
+@pytest.mark.parametrize(("finish", "truncated"), list(FINISHES.items()))
+def test_trajectory_is_truncated_when_the_token_or_turn_budget_cut_it(finish, truncated):
+    assert build(TWO_TURNS, finish_reason=finish).truncated is truncated
+
+
+def test_batch_truncated_per_trajectory_survives_to_select_and_split():
+    trajs = [build(TWO_TURNS, traj_id=f"t{i}", finish_reason=finish) for i, finish in enumerate(FINISHES)]
+    batch = Batch.from_trajectories(trajs)
+    batch.validate()
+    assert batch.truncated.dtype == torch.bool and batch.truncated.tolist() == list(FINISHES.values())
+    assert batch.to("cpu").truncated.tolist() == list(FINISHES.values())
+    assert batch.select([2, 0, 1]).truncated.tolist() == [True, False, True]
+    parts = batch.split(10)  # one trajectory (10 tokens) per part
+    assert [p.truncated.tolist() for p in parts] == [[t] for t in FINISHES.values()]
+    bad = Batch.from_trajectories(trajs)
+    bad.truncated = bad.truncated[:-1]
+    with pytest.raises(BatchError, match="truncated"):
+        bad.validate()
+    bad.truncated = torch.zeros(len(trajs))
+    with pytest.raises(BatchError, match="truncated: must be bool"):
+        bad.validate()
+
+
 def test_padded_batch_to_packed_values_rejects_wrong_shape():
     padded: PaddedBatch = Batch.from_trajectories([build(TWO_TURNS)]).to_padded()
     with pytest.raises(ValueError, match="shape"):
@@ -369,3 +395,4 @@ def test_batch_operations_on_cuda():
     assert torch.equal(gpu.unpad(gpu.pad(gpu.rollout_logprobs, "left"), "left").cpu(), cpu.rollout_logprobs)
     assert [p.traj_ids for p in gpu.split(10)] == [["a"], ["b"]]
     assert torch.equal(gpu.select([1, 0]).token_ids.cpu(), cpu.select([1, 0]).token_ids)
+    assert gpu.truncated.is_cuda and gpu.split(10)[0].truncated.is_cuda

@@ -53,7 +53,7 @@ class PaddedBatch:
 
 # The Batch fields of shape (T,).
 _TOKEN_FIELDS = ("token_ids", *_PER_TOKEN_LISTS, "token_rewards", "position_ids")
-_TENSOR_FIELDS = (*_TOKEN_FIELDS, "seq_ids", "cu_seqlens", "outcome_rewards")
+_TENSOR_FIELDS = (*_TOKEN_FIELDS, "seq_ids", "cu_seqlens", "outcome_rewards", "truncated")
 
 
 @dataclasses.dataclass(eq=False)  # tensors have no boolean ==
@@ -63,8 +63,9 @@ class Batch:
     Per token, shape ``(T,)``: ``token_ids`` long, ``action_mask`` bool, ``rollout_logprobs`` float32,
     ``versions`` long, ``turn_ids`` long, ``token_rewards`` float32, ``position_ids`` long (0 at each sequence
     start), ``seq_ids`` long (sequence index of each token). Per sequence: ``cu_seqlens`` ``(B + 1,)`` int32
-    (starts at 0, ends at T), ``outcome_rewards`` ``(B,)`` float32, and the lists ``prompt_ids``,
-    ``group_ids``, ``traj_ids``. ``max_seqlen`` is the longest sequence.
+    (starts at 0, ends at T), ``outcome_rewards`` ``(B,)`` float32, ``truncated`` ``(B,)`` bool (the token or
+    turn budget cut the episode: `Trajectory.truncated`), and the lists ``prompt_ids``, ``group_ids``,
+    ``traj_ids``. ``max_seqlen`` is the longest sequence.
     """
 
     token_ids: Tensor
@@ -77,6 +78,7 @@ class Batch:
     seq_ids: Tensor
     cu_seqlens: Tensor
     outcome_rewards: Tensor
+    truncated: Tensor
     prompt_ids: list[str]
     group_ids: list[str | None]
     traj_ids: list[str]
@@ -117,6 +119,7 @@ class Batch:
             seq_ids=seq_ids,
             cu_seqlens=cu_seqlens,
             outcome_rewards=torch.tensor([float(t.rewards[-1]) for t in trajs], dtype=torch.float32),
+            truncated=torch.tensor([t.truncated for t in trajs], dtype=torch.bool),
             prompt_ids=[t.prompt_id for t in trajs],
             group_ids=[t.group_id for t in trajs],
             traj_ids=[t.traj_id for t in trajs],
@@ -149,12 +152,13 @@ class Batch:
             if len(getattr(self, name)) != B:
                 fail(name, f"has {len(getattr(self, name))} entries but traj_ids has {B}")
         expected_shapes = {name: (T,) for name in (*_TOKEN_FIELDS, "seq_ids")}
-        expected_shapes |= {"cu_seqlens": (B + 1,), "outcome_rewards": (B,)}
+        expected_shapes |= {"cu_seqlens": (B + 1,), "outcome_rewards": (B,), "truncated": (B,)}
         for name, shape in expected_shapes.items():
             if tuple(getattr(self, name).shape) != shape:
                 fail(name, f"has shape {tuple(getattr(self, name).shape)}, expected {shape}")
-        if self.action_mask.dtype != torch.bool:
-            fail("action_mask", f"must be bool, got {self.action_mask.dtype}")
+        for name in ("action_mask", "truncated"):
+            if getattr(self, name).dtype != torch.bool:
+                fail(name, f"must be bool, got {getattr(self, name).dtype}")
         cu = self.cu_seqlens.long()
         if int(cu[0]) != 0 or int(cu[-1]) != T:
             fail("cu_seqlens", f"must run from 0 to T={T}, got {int(cu[0])}..{int(cu[-1])}")
@@ -255,6 +259,7 @@ class Batch:
             seq_ids=seq_ids,
             cu_seqlens=cu_seqlens,
             outcome_rewards=self.outcome_rewards[idx],
+            truncated=self.truncated[idx],
             prompt_ids=[self.prompt_ids[i] for i in rows],
             group_ids=[self.group_ids[i] for i in rows],
             traj_ids=[self.traj_ids[i] for i in rows],

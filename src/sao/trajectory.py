@@ -31,7 +31,12 @@ from torch import Tensor
 
 from sao.jsonl import iter_jsonl
 
-__all__ = ["Trajectory", "TrajectoryError", "load_jsonl", "save_jsonl"]
+__all__ = ["TRUNCATED_FINISH_REASONS", "Trajectory", "TrajectoryError", "load_jsonl", "save_jsonl"]
+
+# finish_reason values of an episode cut by a budget rather than ended by the env (see
+# sao.rollout.agent_loop): "length" = the token budget (max_total_tokens, or the engine's context) cut the
+# last turn; "max_turns" = the turn budget ran out before the env said done.
+TRUNCATED_FINISH_REASONS: frozenset[str] = frozenset({"length", "max_turns"})
 
 
 class TrajectoryError(ValueError):
@@ -116,6 +121,12 @@ class Trajectory:
         """Tokens from the first action token to the end (0 without action tokens)."""
         first = next((i for i, m in enumerate(self.action_mask) if m), None)
         return 0 if first is None else len(self.token_ids) - first
+
+    @property
+    def truncated(self) -> bool:
+        """True when the token or turn budget cut the episode (``finish_reason`` in
+        `TRUNCATED_FINISH_REASONS`): its last state is not terminal. ``stop`` and ``error`` are not."""
+        return self.finish_reason in TRUNCATED_FINISH_REASONS
 
     @property
     def num_turns(self) -> int:

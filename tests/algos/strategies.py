@@ -119,10 +119,14 @@ def per_seq_lambda(lam: float | Tensor, num_seqs: int) -> list[float]:
 # ---- textbook references: one Python loop per trajectory, float64 ---------------------------------------
 
 
-def _gae_over(positions: list[int], r: list[float], v: list[float], gamma: float, lam: float) -> dict:
-    """Backward GAE along ``positions`` (in time order); the value after the last one is 0."""
+def _gae_over(
+    positions: list[int], r: list[float], v: list[float], gamma: float, lam: float, bootstrap: bool = False
+) -> dict:
+    """Backward GAE along ``positions`` (in time order); the value after the last one is 0, or (with
+    ``bootstrap``, a truncated trajectory) the value at the last one."""
     out = {}
-    adv, next_value = 0.0, 0.0
+    adv = 0.0
+    next_value = v[positions[-1]] if bootstrap and positions else 0.0
     for t in reversed(positions):
         delta = r[t] + gamma * next_value - v[t]
         adv = delta + gamma * lam * adv
@@ -131,23 +135,37 @@ def _gae_over(positions: list[int], r: list[float], v: list[float], gamma: float
     return out
 
 
-def reference_skip_observation_gae(p: Packed, gamma: float, lam: float | Tensor) -> tuple[Tensor, Tensor]:
+def _bootstrap_list(bootstrap: Tensor | None, num_seqs: int) -> list[bool]:
+    return [False] * num_seqs if bootstrap is None else [bool(x) for x in bootstrap.tolist()]
+
+
+def reference_skip_observation_gae(
+    p: Packed, gamma: float, lam: float | Tensor, bootstrap: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     r, v, m = p.rewards.double().tolist(), p.values.double().tolist(), p.action_mask.tolist()
     adv, ret = [0.0] * len(m), [0.0] * len(m)
-    for (s, e), lam_b in zip(p.bounds(), per_seq_lambda(lam, p.num_seqs), strict=True):
-        for t, a in _gae_over([t for t in range(s, e) if m[t]], r, v, gamma, lam_b).items():
+    per_seq = zip(
+        p.bounds(), per_seq_lambda(lam, p.num_seqs), _bootstrap_list(bootstrap, p.num_seqs), strict=True
+    )
+    for (s, e), lam_b, boot in per_seq:
+        for t, a in _gae_over([t for t in range(s, e) if m[t]], r, v, gamma, lam_b, boot).items():
             adv[t], ret[t] = a, a + v[t]
     return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
 
 
-def reference_token_gae(p: Packed, gamma: float, lam: float | Tensor) -> tuple[Tensor, Tensor]:
+def reference_token_gae(
+    p: Packed, gamma: float, lam: float | Tensor, bootstrap: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     r, v, m = p.rewards.double().tolist(), p.values.double().tolist(), p.action_mask.tolist()
     adv, ret = [0.0] * len(m), [0.0] * len(m)
-    for (s, e), lam_b in zip(p.bounds(), per_seq_lambda(lam, p.num_seqs), strict=True):
+    per_seq = zip(
+        p.bounds(), per_seq_lambda(lam, p.num_seqs), _bootstrap_list(bootstrap, p.num_seqs), strict=True
+    )
+    for (s, e), lam_b, boot in per_seq:
         actions = [t for t in range(s, e) if m[t]]
         if not actions:
             continue
-        for t, a in _gae_over(list(range(actions[0], e)), r, v, gamma, lam_b).items():
+        for t, a in _gae_over(list(range(actions[0], e)), r, v, gamma, lam_b, boot).items():
             if m[t]:
                 adv[t], ret[t] = a, a + v[t]
     return torch.tensor(adv, dtype=torch.float64), torch.tensor(ret, dtype=torch.float64)
@@ -166,18 +184,21 @@ def steps_of(mask: list[bool], s: int, e: int) -> list[list[int]]:
 
 
 def reference_step_gae(
-    p: Packed, gamma: float, lam: float | Tensor, step_value: str
+    p: Packed, gamma: float, lam: float | Tensor, step_value: str, bootstrap: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     r, v, m = p.rewards.double().tolist(), p.values.double().tolist(), p.action_mask.tolist()
     adv, ret, vmask = [0.0] * len(m), [0.0] * len(m), [False] * len(m)
-    for (s, e), lam_b in zip(p.bounds(), per_seq_lambda(lam, p.num_seqs), strict=True):
+    per_seq = zip(
+        p.bounds(), per_seq_lambda(lam, p.num_seqs), _bootstrap_list(bootstrap, p.num_seqs), strict=True
+    )
+    for (s, e), lam_b, boot in per_seq:
         steps = steps_of(m, s, e)
         step_r = [sum(r[t] for t in step) for step in steps]
         if step_value == "average":
             step_v = [sum(v[t] for t in step) / len(step) for step in steps]
         else:
             step_v = [v[step[-1]] for step in steps]
-        step_adv = _gae_over(list(range(len(steps))), step_r, step_v, gamma, lam_b)
+        step_adv = _gae_over(list(range(len(steps))), step_r, step_v, gamma, lam_b, boot)
         for i, step in enumerate(steps):
             for t in step:
                 adv[t] = step_adv[i]

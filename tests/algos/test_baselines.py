@@ -175,3 +175,40 @@ def test_spo_state_dict_round_trip_gives_identical_future_outputs():
 def test_spo_rejects_bad_settings(kwargs):
     with pytest.raises(ValueError):
         SPOTracker(**kwargs)
+
+
+# ---- estimate (pure) + update = advantages ---------------------------------------------------------------
+
+
+def test_running_mean_estimate_is_pure_and_estimate_then_update_is_advantages():
+    split, joint = RunningMeanBaseline(window=2), RunningMeanBaseline(window=2)
+    for ids, rewards in [(["a", "b"], _r(1.0, 0.0)), (["a", "a"], _r(0.5, 0.0)), (["b", "a"], _r(1.0, 1.0))]:
+        before = split.state_dict()
+        adv = split.estimate(ids, rewards)
+        assert split.state_dict() == before
+        split.update(ids, rewards)
+        assert torch.equal(adv, joint.advantages(ids, rewards))
+        assert split.state_dict() == joint.state_dict()
+
+
+def test_spo_estimate_is_pure_and_estimate_then_update_is_advantages():
+    split, joint = SPOTracker(), SPOTracker()
+    d = torch.tensor([0.01, 0.2, 0.0])
+    for rewards in (_r(1.0, 0.0, 1.0), _r(0.0, 0.0, 1.0), _r(1.0, 1.0, 0.5)):
+        before = split.state_dict()
+        adv = split.estimate(["a", "b", "a"], rewards)
+        assert split.state_dict() == before
+        assert torch.equal(adv, split.estimate(["a", "b", "a"], rewards))
+        split.update(["a", "b", "a"], rewards, d)
+        assert torch.equal(adv, joint.advantages(["a", "b", "a"], rewards, d))
+        assert split.state_dict() == joint.state_dict()
+
+
+def test_spo_update_without_divergence_uses_rho_max_and_checks_rewards():
+    spo = SPOTracker()
+    spo.update(["a"], _r(1.0))
+    assert spo.state_dict()["trackers"] == [["a", pytest.approx(1.48), pytest.approx(0.48)]]
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        spo.update(["a"], _r(2.0))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        spo.estimate(["a"], _r(-1.0))

@@ -1,4 +1,5 @@
-"""Registries: names, lookup errors, registration, and compute_advantages' decoupled λ for every preset."""
+"""Registries: names, lookup errors, registration, compute_advantages' decoupled λ for every preset, and the
+split estimator API (pure estimate_advantages, critic_targets, update_advantage_state)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import dataclasses
 import pytest
 import torch
 
+from sao.algos import registry
 from sao.algos.baselines import RunningMeanBaseline, SPOTracker
 from sao.algos.gae import length_adaptive_lambda, skip_observation_gae, step_gae, token_gae
 from sao.algos.group import grpo_advantages
@@ -16,12 +18,18 @@ from sao.algos.registry import (
     POLICY_LOSSES,
     AdvantageInputs,
     AdvantageParams,
+    AdvantageResult,
+    CriticTargets,
     compute_advantages,
+    critic_targets,
+    estimate_advantages,
     get_advantage_estimator,
     get_policy_loss,
     make_advantage_state,
+    prompt_sampling_weights,
     register_advantage_estimator,
     register_policy_loss,
+    update_advantage_state,
 )
 from sao.config import AlgoConfig, load_config
 from sao.presets import PRESETS
@@ -285,3 +293,184 @@ def test_step_gae_through_the_registry_honours_turn_ids():
         result.advantages, step_gae(*args, lam, "average", turn_ids)[0], rtol=0, atol=0
     )
     assert result.advantages[9].item() != result.advantages[11].item()
+
+
+# ---- the split API: pure estimate, critic targets, state update ----------------------------------------
+
+
+def _full_batch() -> AdvantageInputs:
+    """``_batch()`` with everything any estimator reads: values, groups, prompts, SPO's divergence."""
+    return dataclasses.replace(_batch(), divergence=torch.tensor([0.02, 0.1]))
+
+
+def _state_dict(state):
+    return None if state is None else state.state_dict()
+
+
+@pytest.mark.parametrize("name", ["running_mean", "spo"])
+def test_estimate_advantages_never_mutates_the_state(name):
+    params = AdvantageParams()
+    state = make_advantage_state(name, params)
+    compute_advantages(name, _full_batch(), params, state)  # some history first
+    before = _state_dict(state)
+    first = estimate_advantages(name, _full_batch(), params, state)
+    second = estimate_advantages(name, _full_batch(), params, state)
+    assert _state_dict(state) == before
+    assert torch.equal(first.advantages, second.advantages)  # same state, same answer
+    update_advantage_state(name, state, _full_batch(), params)
+    assert _state_dict(state) != before
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_estimate_then_update_equals_compute_advantages(name):
+    params = AdvantageParams()
+    split_state, joint_state = make_advantage_state(name, params), make_advantage_state(name, params)
+    for step in range(3):  # the state carries over between batches
+        inp = dataclasses.replace(_full_batch(), outcome_rewards=torch.tensor([1.0, 0.5 * (step % 2)]))
+        split = estimate_advantages(name, inp, params, split_state)
+        assert split.returns is None and split.value_mask is None
+        if get_advantage_estimator(name).uses_critic:
+            targets = critic_targets(name, inp, params)
+            split.returns, split.value_mask = targets.returns, targets.value_mask
+        update_advantage_state(name, split_state, inp, params)
+        joint = compute_advantages(name, inp, params, joint_state)
+        assert torch.equal(split.advantages, joint.advantages)
+        for a, b in ((split.returns, joint.returns), (split.value_mask, joint.value_mask)):
+            assert (a is None and b is None) or torch.equal(a, b)
+        assert split.metrics.keys() == joint.metrics.keys()
+        assert _state_dict(split_state) == _state_dict(joint_state)
+
+
+@pytest.mark.parametrize("name", ["skip_observation_gae", "token_gae", "step_gae"])
+@pytest.mark.parametrize("step_value", ["average", "last_token"])
+def test_critic_targets_equal_compute_advantages_returns(name, step_value):
+    params = AdvantageParams(lam_critic=0.8, gamma=0.95, step_value=step_value)
+    targets = critic_targets(name, _batch(), params)
+    assert isinstance(targets, CriticTargets)
+    joint = compute_advantages(name, _batch(), params)
+    assert torch.equal(targets.returns, joint.returns)
+    assert (targets.value_mask is None) == (joint.value_mask is None) == (name != "step_gae")
+    if name == "step_gae":
+        assert torch.equal(targets.value_mask, joint.value_mask)
+
+
+@pytest.mark.parametrize("name", ["grpo", "running_mean", "spo"])
+def test_critic_targets_raise_for_critic_free_estimators(name):
+    with pytest.raises(ValueError, match="does not use a critic"):
+        critic_targets(name, _batch(), AdvantageParams())
+
+
+def test_critic_targets_need_values():
+    with pytest.raises(ValueError, match="critic values"):
+        critic_targets("skip_observation_gae", _batch(values=False), AdvantageParams())
+    with pytest.raises(ValueError, match="critic values"):
+        estimate_advantages("skip_observation_gae", _batch(values=False), AdvantageParams())
+
+
+@pytest.mark.parametrize("name", ["skip_observation_gae", "token_gae", "step_gae"])
+def test_gae_family_runs_one_gae_pass_in_fn_and_one_in_targets(monkeypatch, name):
+    calls: list[object] = []
+    real = getattr(registry, name)
+
+    def counting(*args, **kwargs):
+        calls.append(args[5])  # λ
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, name, counting)
+    params = AdvantageParams(lam_policy=0.3, lam_critic=0.9)
+    estimate_advantages(name, _batch(), params)
+    assert calls == [0.3]
+    critic_targets(name, _batch(), params)
+    assert calls == [0.3, 0.9]
+    calls.clear()
+    compute_advantages(name, _batch(), params)
+    assert calls == [0.3, 0.9]
+
+
+def test_update_advantage_state_is_a_no_op_for_stateless_estimators():
+    for name in ("grpo", "skip_observation_gae", "token_gae", "step_gae"):
+        assert get_advantage_estimator(name).update_state is None
+        update_advantage_state(name, None, _batch(), AdvantageParams())  # does not raise
+
+
+def test_spo_update_reads_the_divergence_and_only_spo_needs_it():
+    assert {n for n in ESTIMATOR_NAMES if get_advantage_estimator(n).needs_divergence} == {"spo"}
+    params = AdvantageParams()
+    state, direct = make_advantage_state("spo", params), SPOTracker()
+    inp = _full_batch()
+    estimate_advantages("spo", inp, params, state)
+    update_advantage_state("spo", state, inp, params)
+    direct.update(["p0", "p1"], torch.tensor([1.0, 0.5]), torch.tensor([0.02, 0.1]))
+    assert state.state_dict() == direct.state_dict()
+    # Without a divergence the update uses D = 0 (ρ = ρ_max), a different state.
+    no_d = make_advantage_state("spo", params)
+    update_advantage_state("spo", no_d, dataclasses.replace(inp, divergence=None), params)
+    assert no_d.state_dict() != state.state_dict()
+
+
+def test_running_mean_update_records_the_outcomes():
+    params = AdvantageParams()
+    state = make_advantage_state("running_mean", params)
+    update_advantage_state("running_mean", state, _batch(), params)
+    assert state.baseline(["p0", "p1"]).tolist() == [1.0, 0.5]
+    with pytest.raises(TypeError, match="RunningMeanBaseline"):
+        update_advantage_state("running_mean", None, _batch(), params)
+
+
+def test_prompt_sampling_weights_come_from_the_spo_state_only():
+    params = AdvantageParams()
+    spo = make_advantage_state("spo", params)
+    spo.initialize(["p0", "p1"], [0.2, 0.5])
+    torch.testing.assert_close(
+        prompt_sampling_weights("spo", spo, ["p0", "p1"]), spo.sampling_weights(["p0", "p1"])
+    )
+    for name in ("grpo", "running_mean", "skip_observation_gae"):
+        assert prompt_sampling_weights(name, make_advantage_state(name, params), ["p0"]) is None
+    with pytest.raises(TypeError, match="SPOTracker"):
+        prompt_sampling_weights("spo", None, ["p0"])
+
+
+def test_a_registered_estimator_gets_the_new_hooks():
+    name = "test_counting_estimator"
+
+    def fn(inp, params, state):
+        return AdvantageResult(inp.action_mask.to(F64) * state["calls"])
+
+    def update(state, inp, params):
+        state["calls"] += 1
+
+    try:
+        register_advantage_estimator(
+            name,
+            uses_critic=False,
+            make_state=lambda params: {"calls": 1},
+            update_state=update,
+            needs_divergence=True,
+            sampling_weights=lambda state, ids: torch.ones(len(ids)),
+        )(fn)
+        est = get_advantage_estimator(name)
+        assert est.update_state is update and est.needs_divergence and est.targets is None
+        state = make_advantage_state(name, AdvantageParams())
+        assert estimate_advantages(name, _batch(), AdvantageParams(), state).advantages.max() == 1
+        assert state == {"calls": 1}
+        assert compute_advantages(name, _batch(), AdvantageParams(), state).advantages.max() == 1
+        assert state == {"calls": 2}
+        assert prompt_sampling_weights(name, state, ["a", "b"]).tolist() == [1.0, 1.0]
+    finally:
+        ADVANTAGE_ESTIMATORS.pop(name, None)
+
+
+def test_a_critic_estimator_registered_without_targets_keeps_its_own_returns():
+    # The older convention: fn returns the targets itself; compute_advantages and critic_targets use them.
+    name = "test_legacy_critic"
+
+    def fn(inp, params, state):
+        return AdvantageResult(inp.action_mask.to(F64), returns=inp.values * 2)
+
+    try:
+        register_advantage_estimator(name, uses_critic=True)(fn)
+        inp = _batch()
+        assert torch.equal(compute_advantages(name, inp, AdvantageParams()).returns, inp.values * 2)
+        assert torch.equal(critic_targets(name, inp, AdvantageParams()).returns, inp.values * 2)
+    finally:
+        ADVANTAGE_ESTIMATORS.pop(name, None)

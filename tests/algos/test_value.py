@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sao.algos import value as value_module
 from sao.algos.value import explained_variance, value_loss
 
 F64 = torch.float64
@@ -130,3 +131,61 @@ def test_value_loss_reports_explained_variance_over_the_mask():
     torch.testing.assert_close(
         metrics["critic/explained_variance"].double(), _t(explained_variance(values, returns, mask))
     )
+
+
+@pytest.mark.parametrize("target", [-1.0, -0.1, 0.0, 1.0])
+def test_value_clip_frac_does_not_count_an_unclipped_token(target):
+    # |V − V_old| = .18017… < ε = .2, so nothing is clipped. Clipping as V_old + clamp(V − V_old, ±ε)
+    # rounds to −0.05542847551318919 ≠ V, which for a return below both (e.g. R = −.1) made the "clipped"
+    # loss larger and the token count as clipped.
+    values = _t([-0.055428475513189204]).requires_grad_(True)
+    old = _t([-0.2356017990047628])
+    returns = _t([target])
+    loss, metrics = value_loss(values, returns, _mask([1]), old_values=old, clip_eps=0.2)
+    assert metrics["critic/clip_frac"].item() == 0.0
+    assert loss.item() == ((values.detach() - returns) ** 2).item()  # bit-identical to the unclipped loss
+    loss.backward()
+    torch.testing.assert_close(values.grad, 2 * (values.detach() - returns))
+
+
+def test_value_loss_without_metrics_returns_the_same_loss_and_no_metrics(monkeypatch):
+    values = _t([1.0, 0.6, 0.0, 3.0]).requires_grad_(True)
+    old = _t([0.5, 0.5, 0.5, 0.5])
+    returns = _t([1.0, 1.0, 1.0, 0.0])
+    mask = _mask([1, 1, 1, 0])
+    for kwargs in ({}, {"old_values": old, "clip_eps": 0.2}):
+        want, _ = value_loss(values, returns, mask, **kwargs)
+
+        # No metrics means no explained variance and no host sync: every Tensor → Python conversion raises.
+        def no_sync(*args, **kw):
+            raise AssertionError("host sync")
+
+        with monkeypatch.context() as m:
+            m.setattr(value_module, "explained_variance", no_sync)
+            for name in ("__float__", "__int__", "__bool__", "item", "tolist"):
+                m.setattr(torch.Tensor, name, no_sync)
+            got, metrics = value_loss(values, returns, mask, with_metrics=False, **kwargs)
+        assert metrics == {}
+        assert torch.equal(got, want)
+        (grad,) = torch.autograd.grad(got, values)
+        (want_grad,) = torch.autograd.grad(want, values)
+        assert torch.equal(grad, want_grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_value_loss_without_metrics_does_not_synchronise_on_cuda():
+    values = torch.randn(64, device="cuda", requires_grad=True)
+    returns, old = torch.randn(64, device="cuda"), torch.randn(64, device="cuda")
+    mask = torch.rand(64, device="cuda") < 0.7
+    cu = torch.tensor([0, 20, 64], device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+            loss, metrics = value_loss(
+                values, returns, mask, old, 0.2, agg=agg, cu_seqlens=cu, with_metrics=False
+            )
+            loss.backward()
+            assert metrics == {}
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -31,24 +31,26 @@ def aggregate(
 
     Trajectories with no masked token are left out of the sequence means. ``denominator`` overrides the
     count (tokens or trajectories), so micro-batches can be normalised by the whole batch's count.
-    Entries outside ``mask`` may be non-finite; they are never read.
+    Entries outside ``mask`` may be non-finite; they are never read. No host sync (the count stays a tensor).
     """
     mask = mask.bool()
     values = torch.where(mask, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
     if agg == "token-mean":
-        count = float(mask.sum()) if denominator is None else denominator
-        return values.sum() / max(count, 1.0)
+        if denominator is None:  # a tensor count: no host sync
+            return values.sum() / mask.sum().clamp(min=1)
+        return values.sum() / max(denominator, 1.0)
     if agg not in AGG_MODES:
         raise ValueError(f"agg must be one of {AGG_MODES}, got {agg!r}")
     if cu_seqlens is None:
         raise ValueError(f"agg={agg!r} needs cu_seqlens")
-    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
+    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens, per_token.shape[0])
     num_seqs = cu_seqlens.numel() - 1
     sums = segment_sum(values, seq_ids, num_seqs)
     counts = segment_count(mask, seq_ids, num_seqs)
     per_seq = sums / counts.clamp(min=1) if agg == "seq-mean-token-mean" else sums
-    num = float((counts > 0).sum()) if denominator is None else denominator
-    return per_seq.sum() / max(num, 1.0)
+    if denominator is None:
+        return per_seq.sum() / (counts > 0).sum().clamp(min=1)
+    return per_seq.sum() / max(denominator, 1.0)
 
 
 def masked_mean(x: Tensor, mask: Tensor) -> Tensor:

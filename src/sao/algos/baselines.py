@@ -3,6 +3,10 @@
 They keep history across training steps, so they are small objects with ``state_dict`` /
 ``load_state_dict`` (saved in checkpoints); the arithmetic on a batch is vectorised.
 Convention for both: advantages of a batch use the state *before* the batch, then the batch updates it.
+The two halves are separate methods: ``estimate`` is pure (reads the state, never changes it) and
+``update`` records a batch; ``advantages`` is the one-call convenience ``estimate`` then ``update``.
+The registry's ``estimate_advantages`` / ``update_advantage_state`` call the halves, so a trainer can
+compute advantages and record the batch only once it has actually been trained on.
 """
 
 from __future__ import annotations
@@ -53,11 +57,17 @@ class RunningMeanBaseline:
             key = self._key(pid)
             self._history.setdefault(key, deque(maxlen=self.window)).append(float(r))
 
+    def estimate(self, prompt_ids: Sequence[Hashable], rewards: Tensor) -> Tensor:
+        """``(B,)`` float32 ``R − baseline`` from the current history, on ``rewards.device``; pure (the
+        history is not changed)."""
+        return (rewards.detach().float().cpu() - self.baseline(prompt_ids)).to(rewards.device)
+
     def advantages(self, prompt_ids: Sequence[Hashable], rewards: Tensor) -> Tensor:
-        """``(B,)`` ``R − baseline`` from the history before this batch; then records the batch."""
-        adv = rewards.detach().float().cpu() - self.baseline(prompt_ids)
+        """``(B,)`` ``R − baseline`` from the history before this batch; then records the batch
+        (:meth:`estimate` then :meth:`update`)."""
+        adv = self.estimate(prompt_ids, rewards)
         self.update(prompt_ids, rewards)
-        return adv.to(rewards.device)
+        return adv
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -131,31 +141,54 @@ class SPOTracker:
         """``(B,)`` ρ = clamp(2^(−D/D_half), ρ_min, ρ_max)."""
         return torch.pow(2.0, -divergence.double() / self.d_half).clamp(self.rho_min, self.rho_max)
 
+    @staticmethod
+    def _checked_rewards(rewards: Tensor) -> Tensor:
+        r = rewards.detach().double().cpu()
+        if bool(((r < 0) | (r > 1) | r.isnan()).any()):
+            raise ValueError("SPO needs rewards in [0, 1] (it tracks a Bernoulli success rate)")
+        return r
+
+    def estimate(self, prompt_ids: Sequence[Hashable], rewards: Tensor) -> Tensor:
+        """``(B,)`` float32 z-normalised ``r − p̂`` from the current trackers, on ``rewards.device``; pure
+        (the trackers are not changed). A batch of one gets 0.
+
+        Args:
+            prompt_ids: B prompt keys. rewards: ``(B,)`` in [0, 1] (else ``ValueError``).
+        """
+        r = self._checked_rewards(rewards)
+        raw = r - self.p_hat(prompt_ids).double()
+        std = raw.std(unbiased=False) if raw.numel() > 1 else torch.zeros((), dtype=raw.dtype)
+        adv = (raw - raw.mean()) / (std + self.eps)
+        return adv.to(rewards.device, torch.float32)
+
     def advantages(
         self, prompt_ids: Sequence[Hashable], rewards: Tensor, divergence: Tensor | None = None
     ) -> Tensor:
-        """``(B,)`` z-normalised ``r − p̂`` using the state before the batch; then updates the trackers.
+        """``(B,)`` z-normalised ``r − p̂`` using the state before the batch; then updates the trackers
+        (:meth:`estimate` then :meth:`update`).
 
         Args:
             prompt_ids: B prompt keys. rewards: ``(B,)`` in [0, 1].
             divergence: ``(B,)`` D per trajectory (0 when omitted: slowest forgetting, ρ = ρ_max).
         """
-        r = rewards.detach().double().cpu()
-        if bool(((r < 0) | (r > 1) | r.isnan()).any()):
-            raise ValueError("SPO needs rewards in [0, 1] (it tracks a Bernoulli success rate)")
-        raw = r - self.p_hat(prompt_ids).double()
-        std = raw.std(unbiased=False) if raw.numel() > 1 else torch.zeros((), dtype=raw.dtype)
-        adv = (raw - raw.mean()) / (std + self.eps)
-        d = torch.zeros_like(r) if divergence is None else divergence.detach().double().cpu()
-        self.update(prompt_ids, r, d)
-        return adv.to(rewards.device, torch.float32)
+        adv = self.estimate(prompt_ids, rewards)
+        self.update(prompt_ids, rewards, divergence)
+        return adv
 
-    def update(self, prompt_ids: Sequence[Hashable], rewards: Tensor, divergence: Tensor) -> None:
-        """``α ← ρα + r``, ``β ← ρβ + (1 − r)``, in batch order (repeated prompts update in turn)."""
-        rho = self.forgetting(divergence).tolist()
-        for pid, r, p in zip(prompt_ids, rewards.tolist(), rho, strict=True):
+    def update(
+        self, prompt_ids: Sequence[Hashable], rewards: Tensor, divergence: Tensor | None = None
+    ) -> None:
+        """``α ← ρα + r``, ``β ← ρβ + (1 − r)``, in batch order (repeated prompts update in turn).
+
+        ``rewards`` ``(B,)`` in [0, 1] (else ``ValueError``, nothing updated); ``divergence`` ``(B,)`` D per
+        trajectory, 0 when omitted (ρ = ρ_max).
+        """
+        r = self._checked_rewards(rewards)
+        d = torch.zeros_like(r) if divergence is None else divergence.detach().double().cpu()
+        rho = self.forgetting(d).tolist()
+        for pid, reward, p in zip(prompt_ids, r.tolist(), rho, strict=True):
             a, b = self._get(pid)
-            self._ab[pid] = (p * a + r, p * b + (1.0 - r))
+            self._ab[pid] = (p * a + reward, p * b + (1.0 - reward))
 
     def sampling_weights(self, prompt_ids: Sequence[Hashable]) -> Tensor:
         """``(B,)`` prioritised-sampling weights ``√(p̂(1 − p̂)) + floor`` (unnormalised)."""

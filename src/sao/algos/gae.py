@@ -12,6 +12,14 @@ rewards on each turn's last action token); rewards must be zero elsewhere.
   token values, or the value at its last token).
 
 Advantages and returns are 0 on non-action tokens (observation tokens never carry a training signal).
+
+Truncation: every function takes ``bootstrap`` ``(B,)`` bool (None: no trajectory). A bootstrapped
+trajectory (one cut by the token or turn budget, with ``algo.truncation="bootstrap"``) is not terminal: the
+next value after its last chain element is the critic's value *at* that element instead of 0, so
+``δ_last = r_last + γV_last − V_last``. The chain's last element is the last action token
+(``skip_observation_gae``), the last step's value (``step_gae``), or the trajectory's last token
+(``token_gae``; that is the last action token for trajectories cut after their last action token, as the
+agent loop builds them). The GAE kernels take this as a per-trajectory "tail" value (0 = terminal).
 """
 
 from __future__ import annotations
@@ -62,6 +70,27 @@ def _lambda_per_seq(lam: float | Tensor, num_seqs: int, device: torch.device) ->
     return lam_t
 
 
+def _check_bootstrap(bootstrap: Tensor | None, num_seqs: int, device: torch.device) -> Tensor | None:
+    if bootstrap is None:
+        return None
+    if bootstrap.shape != (num_seqs,):
+        raise ValueError(f"bootstrap must be a ({num_seqs},) bool tensor, got shape {tuple(bootstrap.shape)}")
+    return bootstrap.to(device=device, dtype=torch.bool)
+
+
+def _chain_tail(values: Tensor, chain: Tensor, cu_seqlens: Tensor, bootstrap: Tensor) -> Tensor:
+    """``(B,)`` the value at each bootstrapped trajectory's last chain token, 0 elsewhere (no host sync)."""
+    num_seqs = cu_seqlens.numel() - 1
+    seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
+    positions = torch.arange(chain.numel(), device=chain.device)
+    last = torch.full((num_seqs,), -1, dtype=torch.long, device=chain.device)
+    last = last.scatter_reduce(0, seq_ids, torch.where(chain, positions, -1), reduce="amax")
+    picked = values.detach()[last.clamp(min=0)] if values.numel() else values.new_zeros(num_seqs)
+    return torch.where(
+        bootstrap & (last >= 0), picked, torch.zeros((), dtype=values.dtype, device=values.device)
+    )
+
+
 def _chain_gae(
     rewards: Tensor,
     values: Tensor,
@@ -70,6 +99,7 @@ def _chain_gae(
     cu_seqlens: Tensor,
     gamma: float,
     lam: Tensor,
+    bootstrap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE along the ``chain`` tokens of each trajectory, jumping over every other token.
 
@@ -77,16 +107,18 @@ def _chain_gae(
 
     Args:
         rewards, values: ``(T,)``; chain, keep: ``(T,)`` bool, keep ⊆ chain (the tokens whose outputs
-        are kept); cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64.
+        are kept); cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64; bootstrap: ``(B,)`` bool or None, the
+        trajectories whose last chain token bootstraps from its own value (see the module docstring).
 
     Returns:
         ``(advantages, returns)`` ``(T,)`` in the dtype of ``values``, 0 off ``keep``; returns = Â + V.
     """
+    tail = None if bootstrap is None else _chain_tail(values, chain, cu_seqlens, bootstrap)
     if values.device.type == "cpu" and numba_available():
-        return chain_gae_cpu(rewards, values, chain, keep, cu_seqlens, gamma, lam)
+        return chain_gae_cpu(rewards, values, chain, keep, cu_seqlens, gamma, lam, tail)
     if bool(((rewards != 0) & ~keep).any()):
         raise ValueError(STRAY_REWARD_MSG)
-    adv = _chain_gae_scan(rewards, values, chain, cu_seqlens, gamma, lam)
+    adv = _chain_gae_scan(rewards, values, chain, cu_seqlens, gamma, lam, tail)
     zero = torch.zeros((), dtype=adv.dtype, device=adv.device)
     if keep is not chain:
         adv = torch.where(keep, adv, zero)
@@ -94,7 +126,13 @@ def _chain_gae(
 
 
 def _chain_gae_scan(
-    rewards: Tensor, values: Tensor, chain: Tensor, cu_seqlens: Tensor, gamma: float, lam: Tensor
+    rewards: Tensor,
+    values: Tensor,
+    chain: Tensor,
+    cu_seqlens: Tensor,
+    gamma: float,
+    lam: Tensor,
+    tail: Tensor | None = None,
 ) -> Tensor:
     """Tensor-op GAE along the chain (any device).
 
@@ -103,7 +141,8 @@ def _chain_gae_scan(
     gets a destination (tokens off the chain go to a trash slot), so no ``nonzero`` compaction is needed.
 
     Args:
-        rewards, values: ``(T,)``; chain: ``(T,)`` bool; cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64.
+        rewards, values: ``(T,)``; chain: ``(T,)`` bool; cu_seqlens: ``(B+1,)``; lam: ``(B,)`` float64;
+        tail: ``(B,)`` the value after each trajectory's last chain token (None: 0).
 
     Returns:
         ``(T,)`` advantages in the dtype of ``values``, 0 off the chain.
@@ -125,6 +164,8 @@ def _chain_gae_scan(
     r[dest] = rewards.to(dtype)
     v[dest + 1] = values.detach()
     r2, v2 = r[:trash].view(num_seqs, stride), v[:trash].view(num_seqs, stride)
+    if tail is not None:  # column 0 is V(s_{t+1}) after the last chain token: 0 unless bootstrapped
+        v2[:, 0] = tail.to(dtype)
     # Reversed: v2[:, j+1] is V(s_t) and v2[:, j] is V(s_{t+1}).
     delta = torch.sub(r2[:, :width], v2[:, 1:]).add_(v2[:, :width], alpha=gamma)
     out = torch.zeros_like(r)
@@ -150,11 +191,14 @@ def skip_observation_gae(
     cu_seqlens: Tensor,
     gamma: float = 1.0,
     lam: float | Tensor = 1.0,
+    *,
+    bootstrap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Token-level GAE over action tokens only, jumping over observation spans (SPEC §2.5).
 
     Inside an action span ``δ_t = r_t + γV(s_{t+1}) − V(s_t)``; at an action→observation boundary the
-    next value is that of the next turn's first action token; after the last action token it is 0.
+    next value is that of the next turn's first action token; after the last action token it is 0, or,
+    for a trajectory marked in ``bootstrap``, the value at the last action token itself.
 
     Args:
         rewards: ``(T,)`` packed token rewards, non-zero only on action tokens.
@@ -163,6 +207,7 @@ def skip_observation_gae(
         cu_seqlens: ``(B+1,)`` trajectory boundaries.
         gamma: discount γ (SAO: 1.0).
         lam: λ as a float or a ``(B,)`` tensor (length-adaptive λ per trajectory).
+        bootstrap: ``(B,)`` bool, truncated trajectories whose tail is not terminal (None: all terminal).
 
     Returns:
         ``(advantages, returns)``, both ``(T,)`` in the dtype of ``values``, 0 on non-action tokens;
@@ -170,7 +215,8 @@ def skip_observation_gae(
     """
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
-    return _chain_gae(rewards, values, mask, mask, cu_seqlens, gamma, lam_t)
+    boot = _check_bootstrap(bootstrap, num_seqs, rewards.device)
+    return _chain_gae(rewards, values, mask, mask, cu_seqlens, gamma, lam_t, boot)
 
 
 def response_mask(action_mask: Tensor, cu_seqlens: Tensor) -> Tensor:
@@ -191,17 +237,21 @@ def token_gae(
     cu_seqlens: Tensor,
     gamma: float = 1.0,
     lam: float | Tensor = 1.0,
+    *,
+    bootstrap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Plain token-level GAE over every response position (the naive multi-turn baseline).
 
     The recursion runs over all tokens from the first action token to the end of the trajectory, so
     observation tokens' values enter the TD errors; the outputs are then masked to action tokens.
+    A trajectory marked in ``bootstrap`` takes the value at its last token as the next value after it.
     Shapes and returns as :func:`skip_observation_gae`.
     """
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    boot = _check_bootstrap(bootstrap, num_seqs, rewards.device)
     chain = response_mask(mask, cu_seqlens)
-    return _chain_gae(rewards, values, chain, mask, cu_seqlens, gamma, lam_t)
+    return _chain_gae(rewards, values, chain, mask, cu_seqlens, gamma, lam_t, boot)
 
 
 def step_spans(
@@ -243,14 +293,16 @@ def step_gae(
     lam: float | Tensor = 1.0,
     step_value: Literal["average", "last_token"] = "average",
     turn_ids: Tensor | None = None,
+    *,
+    bootstrap: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Step-wise GAE: one advantage per turn (a step = a maximal run of action tokens).
 
     Step value ``V(S_i)`` is the mean of the step's token values (``average``) or the value at its last
     token (``last_token``); ``δ_i = R_i + γV(S_{i+1}) − V(S_i)`` with ``R_i`` the sum of the step's token
-    rewards, ``V(S_{n+1}) = 0``; ``Â_i = δ_i + γλÂ_{i+1}``. Pass λ per trajectory to count steps in the
-    length-adaptive rule. ``turn_ids`` ``(T,)`` optionally splits steps at turn changes (see
-    :func:`step_spans`).
+    rewards, ``V(S_{n+1}) = 0`` (``V(S_n)`` for a trajectory marked in ``bootstrap`` ``(B,)`` bool);
+    ``Â_i = δ_i + γλÂ_{i+1}``. Pass λ per trajectory to count steps in the length-adaptive rule.
+    ``turn_ids`` ``(T,)`` optionally splits steps at turn changes (see :func:`step_spans`).
 
     Returns:
         ``(advantages, returns, value_mask)``, all ``(T,)``: every action token of step i gets ``Â_i``;
@@ -261,6 +313,7 @@ def step_gae(
         raise ValueError(f"step_value must be 'average' or 'last_token', got {step_value!r}")
     mask, num_seqs = _prepare(rewards, values, action_mask, cu_seqlens, gamma)
     lam_t = _lambda_per_seq(lam, num_seqs, rewards.device)
+    boot = _check_bootstrap(bootstrap, num_seqs, rewards.device)
     if bool(((rewards != 0) & ~mask).any()):
         raise ValueError(STRAY_REWARD_MSG)
     step_of_token, step_cu, is_last = step_spans(mask, cu_seqlens, turn_ids)
@@ -280,7 +333,7 @@ def step_gae(
         step_values[step_of_token[is_last]] = v64[is_last]
         value_mask = is_last
     all_steps = torch.ones(num_steps, dtype=torch.bool, device=mask.device)
-    step_adv, _ = _chain_gae(step_rewards, step_values, all_steps, all_steps, step_cu, gamma, lam_t)
+    step_adv, _ = _chain_gae(step_rewards, step_values, all_steps, all_steps, step_cu, gamma, lam_t, boot)
     gathered = step_of_token.clamp(min=0)
     adv = torch.where(mask, step_adv[gathered], torch.zeros_like(v64))
     returns = torch.where(value_mask, (step_adv + step_values)[gathered], torch.zeros_like(v64))

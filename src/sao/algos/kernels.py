@@ -49,14 +49,16 @@ def _kernel() -> Callable[..., None] | None:
         keep: Any,
         cu: Any,
         decay: Any,
+        tail: Any,
         gamma: float,
         adv: Any,
         ret: Any,
         stray_reward: Any,
     ) -> None:
         # Writes every position (adv/ret arrive uninitialised); flags a reward outside `keep` per row.
+        # tail[b] is the value after the row's last chain token (0: terminal; V there: bootstrapped).
         for b in numba.prange(cu.shape[0] - 1):
-            next_value = 0.0
+            next_value = tail[b]
             running = 0.0
             d = decay[b]
             for t in range(cu[b + 1] - 1, cu[b] - 1, -1):
@@ -88,11 +90,13 @@ def chain_gae_cpu(
     cu_seqlens: Tensor,
     gamma: float,
     lam: Tensor,
+    tail: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """GAE along the ``chain`` tokens of each trajectory, on CPU; see ``gae._chain_gae``.
 
     Inputs: ``rewards``/``values`` ``(T,)`` float, ``chain`` and ``keep`` ``(T,)`` bool (``keep`` ⊆
-    ``chain``), ``cu_seqlens`` ``(B+1,)``, ``lam`` ``(B,)``. Accumulates in float64. Returns
+    ``chain``), ``cu_seqlens`` ``(B+1,)``, ``lam`` ``(B,)``, ``tail`` ``(B,)`` the next value after each
+    trajectory's last chain token (None: 0 everywhere, the terminal case). Accumulates in float64. Returns
     ``(advantages, returns)`` ``(T,)`` in the dtype of ``values``, 0 off ``keep``. Requires
     :func:`numba_available`.
     """
@@ -102,7 +106,9 @@ def chain_gae_cpu(
     work = values.dtype if values.dtype in (torch.float32, torch.float64) else torch.float32  # numpy: no bf16
     adv = torch.empty(values.shape, dtype=work)
     ret = torch.empty_like(adv)
-    stray = torch.zeros(cu_seqlens.numel() - 1, dtype=torch.bool)
+    num_seqs = cu_seqlens.numel() - 1
+    stray = torch.zeros(num_seqs, dtype=torch.bool)
+    tail = torch.zeros(num_seqs, dtype=work) if tail is None else tail.detach().to(work)
     args = (
         rewards.detach().to(work).contiguous().numpy(),
         values.detach().to(work).contiguous().numpy(),
@@ -110,6 +116,7 @@ def chain_gae_cpu(
         keep.contiguous().numpy(),
         cu_seqlens.to(torch.int64).contiguous().numpy(),
         (gamma * lam).to(torch.float64).contiguous().numpy(),
+        tail.contiguous().numpy(),
         float(gamma),
     )
     import numba

@@ -39,10 +39,12 @@ def check_packed(cu_seqlens: Tensor, *tensors: Tensor, names: tuple[str, ...] = 
     return total
 
 
-def seq_ids_from_cu_seqlens(cu_seqlens: Tensor) -> Tensor:
-    """``(T,)`` long: index of the trajectory each packed token belongs to."""
+def seq_ids_from_cu_seqlens(cu_seqlens: Tensor, total: int | None = None) -> Tensor:
+    """``(T,)`` long: index of the trajectory each packed token belongs to. Pass ``total`` (T) when known:
+    on CUDA it saves the host sync that sizing the output needs."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths)
+    ids = torch.arange(lengths.numel(), device=cu_seqlens.device)
+    return torch.repeat_interleave(ids, lengths, output_size=total)
 
 
 def segment_sum(values: Tensor, seq_ids: Tensor, num_seqs: int) -> Tensor:

@@ -1,9 +1,13 @@
 """Name → algorithm registries with one shared signature per family (the verl idea, split by family).
 
-* Advantage estimators: ``fn(inputs: AdvantageInputs, params: AdvantageParams, state) -> AdvantageResult``.
-  ``state`` is the estimator's persistent object (running-mean history, SPO tracker) or None; make it with
-  :func:`make_advantage_state`. GAE-family estimators return the critic's targets too, computed with the
-  critic's λ (decoupled λ, SPEC §2.5), while the advantages use the policy's λ.
+* Advantage estimators: an :class:`AdvantageEstimator` bundles a *pure* ``fn(inputs, params, state) ->
+  AdvantageResult`` (advantages only; it reads ``state`` and never changes it) with optional
+  ``make_state`` (the persistent object: running-mean history, SPO tracker), ``update_state`` (records a
+  trained batch in it), ``targets`` (critic estimators: the critic's targets, computed with the critic's
+  λ, decoupled λ of SPEC §2.5, while ``fn`` uses the policy's λ) and ``sampling_weights`` (prompt
+  priorities from the state). The trainer calls :func:`estimate_advantages`, :func:`critic_targets` and
+  :func:`update_advantage_state` separately, so each GAE pass runs once and the state records a batch
+  only when it is trained on; :func:`compute_advantages` is the one-call convenience of all three.
 * Policy losses: ``fn(logprobs, ref_logprobs, advantages, action_mask, eps_low, eps_high, agg, cu_seqlens,
   denominator=...) -> (loss, metrics)``; ``reference`` says which log-probs ``ref_logprobs`` must be
   (``"rollout"``: recorded by the engine; ``"old"``: π_old recomputed before the update).
@@ -34,13 +38,18 @@ __all__ = [
     "AdvantageInputs",
     "AdvantageParams",
     "AdvantageResult",
+    "CriticTargets",
     "PolicyLoss",
     "compute_advantages",
+    "critic_targets",
+    "estimate_advantages",
     "get_advantage_estimator",
     "get_policy_loss",
     "make_advantage_state",
+    "prompt_sampling_weights",
     "register_advantage_estimator",
     "register_policy_loss",
+    "update_advantage_state",
 ]
 
 
@@ -55,8 +64,9 @@ class AdvantageInputs:
     outcome_rewards: Tensor | None = None  # (B,); default: sum of token_rewards per trajectory
     prompt_ids: Sequence[Hashable] = ()  # (B,) for running-mean and SPO state
     group_ids: Tensor | Sequence[Hashable] | None = None  # (B,) for GRPO
-    divergence: Tensor | None = None  # (B,) SPO's D per trajectory
+    divergence: Tensor | None = None  # (B,) SPO's D per trajectory (read by update_state)
     turn_ids: Tensor | None = None  # (T,) splits step_gae's steps at turn changes
+    truncated: Tensor | None = None  # (B,) bool, cut by the token/turn budget (None: none was)
 
     def outcomes(self) -> Tensor:
         if self.outcome_rewards is not None:
@@ -82,6 +92,7 @@ class AdvantageParams:
     spo_rho_min: float = 0.875
     spo_rho_max: float = 0.96
     spo_sampling_floor: float = 0.05
+    truncation: Literal["terminal", "bootstrap"] = "terminal"
 
     @classmethod
     def from_config(cls, cfg: Any) -> AdvantageParams:
@@ -93,7 +104,10 @@ class AdvantageParams:
 @dataclass
 class AdvantageResult:
     """``advantages`` ``(T,)`` (0 off action tokens); ``returns`` ``(T,)`` critic targets or None;
-    ``value_mask`` ``(T,)`` the tokens the critic trains on (None: the action tokens); ``metrics``."""
+    ``value_mask`` ``(T,)`` the tokens the critic trains on (None: the action tokens); ``metrics``.
+
+    :func:`estimate_advantages` leaves ``returns``/``value_mask`` None for the built-in estimators;
+    :func:`compute_advantages` fills them from :func:`critic_targets`."""
 
     advantages: Tensor
     returns: Tensor | None = None
@@ -101,14 +115,39 @@ class AdvantageResult:
     metrics: dict[str, Tensor] = field(default_factory=dict)
 
 
+@dataclass
+class CriticTargets:
+    """``returns`` ``(T,)`` critic targets (0 off the value mask); ``value_mask`` ``(T,)`` the tokens the
+    critic trains on (None: the action tokens)."""
+
+    returns: Tensor
+    value_mask: Tensor | None = None
+
+
 EstimatorFn = Callable[[AdvantageInputs, AdvantageParams, Any], AdvantageResult]
+StateFactory = Callable[[AdvantageParams], Any]
+StateUpdate = Callable[[Any, AdvantageInputs, AdvantageParams], None]
+TargetsFn = Callable[[AdvantageInputs, AdvantageParams], CriticTargets]
+SamplingWeightsFn = Callable[[Any, Sequence[Hashable]], Tensor]
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
+    """A registered estimator.
+
+    ``fn`` computes advantages and is pure (it never mutates ``state``); ``update_state(state, inputs,
+    params)`` records a trained batch; ``targets(inputs, params)`` gives a critic estimator's targets
+    (one GAE pass with ``lam_critic``); ``needs_divergence``: ``update_state`` reads
+    ``inputs.divergence`` (SPO's D); ``sampling_weights(state, prompt_ids)`` ``(B,)`` prompt priorities.
+    """
+
     fn: EstimatorFn
     uses_critic: bool
-    make_state: Callable[[AdvantageParams], Any] | None = None
+    make_state: StateFactory | None = None
+    update_state: StateUpdate | None = None
+    targets: TargetsFn | None = None
+    needs_divergence: bool = False
+    sampling_weights: SamplingWeightsFn | None = None
 
 
 @dataclass(frozen=True)
@@ -122,14 +161,26 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_advantage_estimator(
-    name: str, *, uses_critic: bool, make_state: Callable[[AdvantageParams], Any] | None = None
+    name: str,
+    *,
+    uses_critic: bool,
+    make_state: StateFactory | None = None,
+    update_state: StateUpdate | None = None,
+    targets: TargetsFn | None = None,
+    needs_divergence: bool = False,
+    sampling_weights: SamplingWeightsFn | None = None,
 ) -> Callable[[EstimatorFn], EstimatorFn]:
-    """Decorator: register an advantage estimator under ``name`` (an existing name is an error)."""
+    """Decorator: register an advantage estimator under ``name`` (an existing name is an error).
+
+    The decorated function is the pure ``fn``; the keywords fill the other :class:`AdvantageEstimator`
+    fields."""
 
     def deco(fn: EstimatorFn) -> EstimatorFn:
         if name in ADVANTAGE_ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(fn, uses_critic, make_state)
+        ADVANTAGE_ESTIMATORS[name] = AdvantageEstimator(
+            fn, uses_critic, make_state, update_state, targets, needs_divergence, sampling_weights
+        )
         return fn
 
     return deco
@@ -170,18 +221,73 @@ def make_advantage_state(name: str, params: AdvantageParams) -> Any:
     return est.make_state(params) if est.make_state else None
 
 
-def compute_advantages(
-    name: str, inputs: AdvantageInputs, params: AdvantageParams, state: Any = None
-) -> AdvantageResult:
-    """Run the estimator registered as ``name`` and add summary metrics (``adv/*``)."""
-    est = get_advantage_estimator(name)
+def _check_values(name: str, est: AdvantageEstimator, inputs: AdvantageInputs) -> None:
     if est.uses_critic and inputs.values is None:
         raise ValueError(f"advantage estimator {name!r} needs critic values")
+
+
+def estimate_advantages(
+    name: str, inputs: AdvantageInputs, params: AdvantageParams, state: Any = None
+) -> AdvantageResult:
+    """Advantages from the estimator registered as ``name``, with summary metrics (``adv/*``).
+
+    Pure: ``state`` is read, never changed (record the batch with :func:`update_advantage_state`). For
+    critic estimators this is one GAE pass with the policy's λ; the targets come from
+    :func:`critic_targets` (``returns`` stays None here)."""
+    est = get_advantage_estimator(name)
+    _check_values(name, est, inputs)
     result = est.fn(inputs, params, state)
     mask = inputs.action_mask.bool()
     with torch.no_grad():
         result.metrics.setdefault("adv/mean", masked_mean(result.advantages.detach(), mask))
         result.metrics.setdefault("adv/std", masked_var(result.advantages.detach(), mask).sqrt())
+    return result
+
+
+def critic_targets(name: str, inputs: AdvantageInputs, params: AdvantageParams) -> CriticTargets:
+    """The critic's targets for ``inputs`` (one GAE pass with ``lam_critic``); ``ValueError`` for an
+    estimator without a critic.
+
+    A critic estimator registered without ``targets`` (the older convention, returns from ``fn``) falls
+    back to ``fn``'s ``returns`` and ``value_mask`` (``fn`` gets ``state=None``)."""
+    est = get_advantage_estimator(name)
+    if not est.uses_critic:
+        raise ValueError(f"advantage estimator {name!r} does not use a critic: it has no critic targets")
+    _check_values(name, est, inputs)
+    if est.targets is not None:
+        return est.targets(inputs, params)
+    result = est.fn(inputs, params, None)
+    if result.returns is None:
+        raise ValueError(f"advantage estimator {name!r} gives no critic targets (register it with targets=)")
+    return CriticTargets(result.returns, result.value_mask)
+
+
+def update_advantage_state(name: str, state: Any, inputs: AdvantageInputs, params: AdvantageParams) -> None:
+    """Record a trained batch in the estimator's state (SPO reads ``inputs.divergence`` when
+    ``needs_divergence``; None counts as D = 0); a no-op for stateless estimators."""
+    est = get_advantage_estimator(name)
+    if est.update_state is not None:
+        est.update_state(state, inputs, params)
+
+
+def prompt_sampling_weights(name: str, state: Any, prompt_ids: Sequence[Hashable]) -> Tensor | None:
+    """``(B,)`` unnormalised prompt priorities from the estimator's state (SPO), or None when the
+    estimator has none."""
+    est = get_advantage_estimator(name)
+    return None if est.sampling_weights is None else est.sampling_weights(state, prompt_ids)
+
+
+def compute_advantages(
+    name: str, inputs: AdvantageInputs, params: AdvantageParams, state: Any = None
+) -> AdvantageResult:
+    """The one-call convenience: :func:`estimate_advantages`, then (critic estimators)
+    :func:`critic_targets` into ``returns``/``value_mask``, then :func:`update_advantage_state`."""
+    est = get_advantage_estimator(name)
+    result = estimate_advantages(name, inputs, params, state)
+    if est.uses_critic and est.targets is not None:
+        targets = est.targets(inputs, params)
+        result.returns, result.value_mask = targets.returns, targets.value_mask
+    update_advantage_state(name, state, inputs, params)
     return result
 
 
@@ -200,34 +306,71 @@ def _adaptive_lengths(inp: AdvantageInputs, params: AdvantageParams) -> Tensor:
     return segment_count(counted, seq_ids_from_cu_seqlens(inp.cu_seqlens), inp.cu_seqlens.numel() - 1)
 
 
-def _decoupled_gae(fn: Callable[..., tuple[Tensor, Tensor]]) -> EstimatorFn:
-    def estimator(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
-        assert inp.values is not None
-        args = (inp.token_rewards, inp.values, inp.action_mask, inp.cu_seqlens, params.gamma)
-        lam = _policy_lambda(params, _adaptive_lengths(inp, params))
-        advantages, _ = fn(*args, lam)
-        _, returns = fn(*args, params.lam_critic)
-        metrics = {}
-        if isinstance(lam, Tensor):
-            metrics["adv/lambda_mean"] = lam.mean()
-        return AdvantageResult(advantages, returns, None, metrics)
-
-    return estimator
+def _bootstrap(inp: AdvantageInputs, params: AdvantageParams) -> Tensor | None:
+    """The trajectories whose tail bootstraps from the critic (``truncation="bootstrap"``), or None."""
+    if params.truncation not in ("terminal", "bootstrap"):
+        raise ValueError(f"truncation must be 'terminal' or 'bootstrap', got {params.truncation!r}")
+    if params.truncation == "terminal" or inp.truncated is None:
+        return None
+    return inp.truncated.bool()
 
 
-register_advantage_estimator("skip_observation_gae", uses_critic=True)(_decoupled_gae(skip_observation_gae))
-register_advantage_estimator("token_gae", uses_critic=True)(_decoupled_gae(token_gae))
-
-
-@register_advantage_estimator("step_gae", uses_critic=True)
-def _step_gae(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+def _gae_args(inp: AdvantageInputs, params: AdvantageParams) -> tuple[Tensor, Tensor, Tensor, Tensor, float]:
     assert inp.values is not None
-    args = (inp.token_rewards, inp.values, inp.action_mask, inp.cu_seqlens, params.gamma)
+    return (inp.token_rewards, inp.values, inp.action_mask, inp.cu_seqlens, params.gamma)
+
+
+GaeFn = Callable[..., tuple[Tensor, Tensor]]
+
+
+def _gae_advantages(gae: GaeFn, inp: AdvantageInputs, params: AdvantageParams) -> AdvantageResult:
+    lam = _policy_lambda(params, _adaptive_lengths(inp, params))
+    advantages, _ = gae(*_gae_args(inp, params), lam, bootstrap=_bootstrap(inp, params))
+    metrics = {"adv/lambda_mean": lam.mean()} if isinstance(lam, Tensor) else {}
+    return AdvantageResult(advantages, None, None, metrics)
+
+
+def _gae_targets(gae: GaeFn, inp: AdvantageInputs, params: AdvantageParams) -> CriticTargets:
+    _, returns = gae(*_gae_args(inp, params), params.lam_critic, bootstrap=_bootstrap(inp, params))
+    return CriticTargets(returns, None)
+
+
+# The GAE functions are named at call time (not captured), so a test can count the passes by patching them.
+def _skip_observation_targets(inp: AdvantageInputs, params: AdvantageParams) -> CriticTargets:
+    return _gae_targets(skip_observation_gae, inp, params)
+
+
+@register_advantage_estimator("skip_observation_gae", uses_critic=True, targets=_skip_observation_targets)
+def _skip_observation(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+    return _gae_advantages(skip_observation_gae, inp, params)
+
+
+def _token_gae_targets(inp: AdvantageInputs, params: AdvantageParams) -> CriticTargets:
+    return _gae_targets(token_gae, inp, params)
+
+
+@register_advantage_estimator("token_gae", uses_critic=True, targets=_token_gae_targets)
+def _token_gae(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+    return _gae_advantages(token_gae, inp, params)
+
+
+def _step_gae_targets(inp: AdvantageInputs, params: AdvantageParams) -> CriticTargets:
+    args = _gae_args(inp, params)
+    boot = _bootstrap(inp, params)
+    _, returns, value_mask = step_gae(
+        *args, params.lam_critic, params.step_value, inp.turn_ids, bootstrap=boot
+    )
+    return CriticTargets(returns, value_mask)
+
+
+@register_advantage_estimator("step_gae", uses_critic=True, targets=_step_gae_targets)
+def _step_gae(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+    args = _gae_args(inp, params)
     _, step_cu, _ = step_spans(inp.action_mask, inp.cu_seqlens, inp.turn_ids)
     lam = _policy_lambda(params, step_cu[1:] - step_cu[:-1])  # the adaptive rule counts steps here
-    advantages, _, _ = step_gae(*args, lam, params.step_value, inp.turn_ids)
-    _, returns, value_mask = step_gae(*args, params.lam_critic, params.step_value, inp.turn_ids)
-    return AdvantageResult(advantages, returns, value_mask)
+    boot = _bootstrap(inp, params)
+    advantages, _, _ = step_gae(*args, lam, params.step_value, inp.turn_ids, bootstrap=boot)
+    return AdvantageResult(advantages)
 
 
 def _per_trajectory(inp: AdvantageInputs, adv: Tensor) -> AdvantageResult:
@@ -245,22 +388,51 @@ def _make_running_mean(params: AdvantageParams) -> RunningMeanBaseline:
     return RunningMeanBaseline(params.running_mean_window, params.running_mean_scope)
 
 
-@register_advantage_estimator("running_mean", uses_critic=False, make_state=_make_running_mean)
-def _running_mean(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+def _running_mean_state(state: Any) -> RunningMeanBaseline:
     if not isinstance(state, RunningMeanBaseline):
         raise TypeError("running_mean needs its RunningMeanBaseline state (make_advantage_state)")
-    return _per_trajectory(inp, state.advantages(list(inp.prompt_ids), inp.outcomes()))
+    return state
+
+
+def _update_running_mean(state: Any, inp: AdvantageInputs, params: AdvantageParams) -> None:
+    _running_mean_state(state).update(list(inp.prompt_ids), inp.outcomes())
+
+
+@register_advantage_estimator(
+    "running_mean", uses_critic=False, make_state=_make_running_mean, update_state=_update_running_mean
+)
+def _running_mean(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+    return _per_trajectory(inp, _running_mean_state(state).estimate(list(inp.prompt_ids), inp.outcomes()))
 
 
 def _make_spo(params: AdvantageParams) -> SPOTracker:
     return SPOTracker(params.spo_d_half, params.spo_rho_min, params.spo_rho_max, params.spo_sampling_floor)
 
 
-@register_advantage_estimator("spo", uses_critic=False, make_state=_make_spo)
-def _spo(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+def _spo_state(state: Any) -> SPOTracker:
     if not isinstance(state, SPOTracker):
         raise TypeError("spo needs its SPOTracker state (make_advantage_state)")
-    return _per_trajectory(inp, state.advantages(list(inp.prompt_ids), inp.outcomes(), inp.divergence))
+    return state
+
+
+def _update_spo(state: Any, inp: AdvantageInputs, params: AdvantageParams) -> None:
+    _spo_state(state).update(list(inp.prompt_ids), inp.outcomes(), inp.divergence)
+
+
+def _spo_sampling_weights(state: Any, prompt_ids: Sequence[Hashable]) -> Tensor:
+    return _spo_state(state).sampling_weights(prompt_ids)
+
+
+@register_advantage_estimator(
+    "spo",
+    uses_critic=False,
+    make_state=_make_spo,
+    update_state=_update_spo,
+    needs_divergence=True,
+    sampling_weights=_spo_sampling_weights,
+)
+def _spo(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> AdvantageResult:
+    return _per_trajectory(inp, _spo_state(state).estimate(list(inp.prompt_ids), inp.outcomes()))
 
 
 register_policy_loss("dis", reference="rollout")(dis_loss)

@@ -20,19 +20,24 @@ def value_loss(
     cu_seqlens: Tensor | None = None,
     *,
     denominator: float | None = None,
+    with_metrics: bool = True,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Masked MSE ``(V − R)²`` over the value-trained tokens (action tokens), optionally PPO-clipped.
 
     Our reading of SPEC §2.3 is the unclipped MSE (``clip_eps=None``); with ``clip_eps`` the loss is
-    ``max((V − R)², (V_old + clip(V − V_old, ±ε) − R)²)`` as in PPO implementations.
+    ``max((V − R)², (clip(V, V_old − ε, V_old + ε) − R)²)`` as in PPO implementations (the same as
+    ``V_old + clip(V − V_old, ±ε)``, but a value inside the band stays bit-identical to ``V``).
 
     Args:
         values: ``(T,)`` critic outputs (with grad). returns: ``(T,)`` targets (constants).
         mask: ``(T,)`` tokens the critic is trained on. old_values: ``(T,)`` needed with ``clip_eps``.
+        with_metrics: False skips the metrics (and their host sync): returns ``(loss, {})``.
 
     Returns:
         ``(loss, metrics)``: ``critic/value_loss``, ``critic/value_mean``, ``critic/return_mean``,
-        ``critic/explained_variance`` and, when clipping, ``critic/clip_frac``.
+        ``critic/explained_variance`` and, when clipping, ``critic/clip_frac`` (the fraction of masked
+        tokens where the clipped term is the larger one, i.e. where clipping changes the loss; a token
+        with ``|V − V_old| <= ε`` never counts).
     """
     mask = mask.bool()
     target = returns.detach()
@@ -41,11 +46,15 @@ def value_loss(
     if clip_eps is not None:
         if old_values is None:
             raise ValueError("value clipping needs old_values")
-        clipped = old_values.detach() + (values - old_values.detach()).clamp(-clip_eps, clip_eps)
+        old = old_values.detach()
+        clipped = torch.clamp(values, min=old - clip_eps, max=old + clip_eps)
         clipped_loss = (clipped - target) ** 2
-        metrics["critic/clip_frac"] = masked_mean((clipped_loss > per_token).float().detach(), mask)
+        if with_metrics:
+            metrics["critic/clip_frac"] = masked_mean((clipped_loss > per_token).float().detach(), mask)
         per_token = torch.maximum(per_token, clipped_loss)
     loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
+    if not with_metrics:
+        return loss, metrics
     with torch.no_grad():
         metrics["critic/value_loss"] = loss.detach()
         metrics["critic/value_mean"] = masked_mean(values.detach(), mask)
