@@ -123,6 +123,14 @@ def test_multisink_fans_out_every_record_and_respects_every() -> None:
     assert isinstance(multi, MetricsSink) and isinstance(a, MetricsSink)
 
 
+def test_multisink_always_forwards_one_off_records_between_every() -> None:
+    a = RecordingSink()
+    multi = MultiSink([a], every=4)
+    multi.log(3, {"eval/pass@1": 0.5}, always=True)
+    multi.log(5, {"x": 1.0})
+    assert a.records == [(3, {"eval/pass@1": 0.5})]
+
+
 def test_multisink_close_closes_all_then_raises_first_error() -> None:
     a, b = RecordingSink(fail_close=True), RecordingSink()
     with pytest.raises(OSError, match="disk gone"):

@@ -1,8 +1,8 @@
 """Evaluation: every task of one or more task files ``k`` times through the agent loop, scored by Pass@1
 (averaged over the ``k`` samples) and pass@k (the unbiased estimator), per file and overall.
 
-The paper's protocol (SPEC §4) is the default: temperature 1.0, top-p 1.0, 4–16 samples per problem, each
-environment's own turn limit (math 50, coding 300). Episodes run concurrently (``concurrency`` at a time)
+The paper's protocol (docs/envs.md) is the default: temperature 1.0, top-p 1.0, 4–16 samples per problem,
+each environment's own turn limit (math 50, coding 300). Episodes run concurrently (``concurrency`` at a time)
 through `sao.rollout.agent_loop.run_episode`, one fresh environment per episode. Sample ``j`` of a task gets
 the seed `sample_seed` ``(seed, file name, task id, j)``: the same settings give the same numbers whatever
 the concurrency and order of completion.
@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +117,14 @@ def sample_seed(seed: int, file: str, task_id: str, sample: int) -> int:
 
 
 async def _run_sample(
-    engine: Any, tokenizer: Any, env_name: str, task: Task, group_id: str, seed: int, settings: EvalSettings
+    engine: Any,
+    tokenizer: Any,
+    env_name: str,
+    task: Task,
+    group_id: str,
+    seed: int,
+    settings: EvalSettings,
+    env_factory: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
     """One episode → its sample record (reward, turns, tokens, finish reason, error)."""
     from sao.rollout.agent_loop import AgentLoopConfig, run_episode
@@ -126,8 +133,12 @@ async def _run_sample(
     env = None
     started = time.perf_counter()
     try:
-        env_kwargs = {} if settings.max_turns is None else {"max_turns": settings.max_turns}
-        env = make_env(env_name, **env_kwargs)
+        if env_factory is not None:
+            env = env_factory()
+        else:
+            env = make_env(
+                env_name, **({} if settings.max_turns is None else {"max_turns": settings.max_turns})
+            )
         cfg = AgentLoopConfig(
             max_turns=settings.max_turns or env.max_turns,
             max_total_tokens=settings.max_total_tokens,
@@ -169,16 +180,25 @@ def _short(value: Any, limit: int = 500) -> Any:
 
 
 async def evaluate(
-    engine: Any, tokenizer: Any, files: Sequence[TaskFile], settings: EvalSettings
+    engine: Any,
+    tokenizer: Any,
+    files: Sequence[TaskFile],
+    settings: EvalSettings,
+    *,
+    env_factory: Callable[[], Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every task of ``files`` ``settings.k`` times; returns the report (see `summarize`)."""
+    """Run every task of ``files`` ``settings.k`` times; returns the report (see `summarize`).
+
+    ``env_factory``: builds every episode's env (a training run's env with its kwargs; the turn limit is
+    then ``settings.max_turns`` in the agent loop, not a constructor argument); None: each task's env by
+    name, as the module docstring says."""
     gate = asyncio.Semaphore(settings.concurrency)
 
     async def bounded(tf: TaskFile, task: Task, env_name: str, j: int) -> dict[str, Any]:
         async with gate:
             seed = sample_seed(settings.seed, tf.path, task.id, j)
             group = f"{Path(tf.path).name}/{task.id}"
-            return await _run_sample(engine, tokenizer, env_name, task, group, seed, settings)
+            return await _run_sample(engine, tokenizer, env_name, task, group, seed, settings, env_factory)
 
     started = time.perf_counter()
     jobs = [

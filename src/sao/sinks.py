@@ -229,8 +229,10 @@ class MultiSink:
         self.sinks: tuple[MetricsSink, ...] = tuple(sinks)
         self.every = every
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        if step % self.every:
+    def log(self, step: int, metrics: Mapping[str, Any], *, always: bool = False) -> None:
+        """Forward ``metrics`` of ``step`` when ``step`` is a multiple of ``every`` (or ``always``: records
+        that happen once, e.g. an evaluation, are not thinned out)."""
+        if step % self.every and not always:
             return
         for sink in self.sinks:
             sink.log(step, metrics)

@@ -10,6 +10,7 @@ from sao.engine import LocalEngine
 from sao.envs import make_env
 from sao.envs.calculator import make_tasks
 from sao.rollout import AgentLoopConfig
+from sao.runtime.clock import TrainingClock
 from sao.runtime.producer import Producer
 from sao.runtime.sampler import PromptSampler
 from sao.runtime.staleness import StalenessManager
@@ -22,13 +23,13 @@ def engine(tiny_moe_dir):
     return LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=8)
 
 
-def _producer(engine, tokenizer, *, batch=4, staleness=1, group=1, tau=None, version=lambda: 0):
+def _producer(engine, tokenizer, *, batch=4, staleness=1, group=1, tau=None, version=0):
     mgr = StalenessManager(batch_size=batch, max_staleness=staleness, drop_older_than=tau)
     queue: asyncio.Queue = asyncio.Queue()
     sampler = PromptSampler(make_tasks(16, seed=1), group_size=group, seed=0)
     producer = Producer(
         engine, tokenizer, lambda: make_env("calculator"), sampler, mgr, queue, LOOP,
-        max_in_flight=8, version=version, seed=0,
+        max_in_flight=8, clock=TrainingClock(version=version), seed=0,
     )  # fmt: skip
     return producer, mgr, queue
 
@@ -100,7 +101,7 @@ def test_groups_arrive_whole_with_a_shared_group_id(engine, tiny_tokenizer):
 
 
 def test_too_stale_trajectories_are_dropped_and_counted(engine, tiny_tokenizer):
-    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=2, staleness=1, tau=1, version=lambda: 5)
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=2, staleness=1, tau=1, version=5)
 
     async def scenario():
         await _run_until(producer, lambda: producer.counters["dropped/too_stale"] >= 4)

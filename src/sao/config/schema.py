@@ -1,7 +1,7 @@
 """Typed run configuration: one pydantic model per section, and `RunConfig` holding them all.
 
-`sao.config.loading` builds and validates a `RunConfig`. Fields marked "our reading" are choices SPEC.md makes
-where the paper is silent; each is an option so it can be ablated.
+`sao.config.loading` builds and validates a `RunConfig`. Fields marked "our reading" are choices we make where
+the paper is silent (docs/config.md); each is an option so it can be ablated.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ModelConfig(_Section):
 
 
 class ValuePretrainConfig(_Section):
-    """Critic pretraining on Monte-Carlo returns of the frozen initial policy (SPEC 2.6)."""
+    """Critic pretraining on Monte-Carlo returns of the frozen initial policy (docs/models.md)."""
 
     enabled: bool | None = Field(
         None, description="Pretrain the critic before RL; null follows the preset (algo.value_pretrain)."
@@ -65,7 +65,7 @@ class ValuePretrainConfig(_Section):
 
 
 class CriticConfig(_Section):
-    """The learned value model V_phi: same backbone as the policy plus a scalar head (SPEC 2.3, 2.4)."""
+    """The learned value model V_phi: same backbone as the policy plus a scalar head (docs/models.md)."""
 
     freeze: Literal["attention", "none"] | list[str] = Field(
         "attention",
@@ -98,7 +98,7 @@ class CriticConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """Rollout generation (SPEC 4: evaluation samples at temperature 1.0, top-p 1.0)."""
+    """Rollout generation (the paper evaluates at temperature 1.0, top-p 1.0)."""
 
     backend: Literal["local", "process", "vllm", "sglang"] = Field(
         "local",
@@ -168,7 +168,7 @@ class DataConfig(_Section):
 
 
 class AlgoConfig(_Section):
-    """The RL algorithm: advantage estimator, policy loss, critic schedule, sampling (SPEC 2, 3).
+    """The RL algorithm: advantage estimator, policy loss, critic schedule, sampling (docs/algorithms.md).
 
     Defaults are the `sao` preset. The algorithm library reads these field names.
     """
@@ -288,7 +288,16 @@ class RuntimeConfig(_Section):
     drop_older_than: int | None = Field(
         None, ge=0, description="Drop trajectories with tokens more than this many versions old; null = keep."
     )
-    backend: Literal["local", "ray"] = Field("local", description="'local': one process; 'ray': distributed.")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="'local': one process; 'ray': distributed (refused until that runtime exists)."
+    )
+
+    @field_validator("backend")
+    @classmethod
+    def _backend_available(cls, value: str) -> str:
+        if value == "ray":
+            raise ValueError("the distributed (ray) runtime is not built yet; use 'local'")
+        return value
 
 
 class EvalConfig(_Section):
@@ -313,7 +322,9 @@ class LoggingConfig(_Section):
     log_every: int = Field(1, ge=1, description="Log metrics every N actor steps.")
     checkpoint_every: int = Field(50, ge=1, description="Checkpoint every N actor steps.")
     eval_every: int | None = Field(
-        None, ge=1, description="Evaluate on data.eval_file every N steps (and at the end); null = at the end."
+        None,
+        ge=1,
+        description="Evaluate on data.eval_file every N steps (and at the end); null = at the end.",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
 

@@ -18,10 +18,11 @@ from collections import Counter
 from collections.abc import Callable
 
 from sao.engine.types import InferenceEngine
-from sao.envs.base import Env
+from sao.envs.base import Env, TrainingProgress, notify_training_progress
 from sao.rollout.agent_loop import AgentLoopConfig, EpisodeError, run_episode
 from sao.types import Trajectory
 
+from .clock import VersionProvider
 from .sampler import PromptSampler, Start
 from .staleness import StalenessManager
 
@@ -41,7 +42,9 @@ class Producer:
         queue: where finished groups go (``list[Trajectory]`` items).
         loop_cfg: agent-loop limits and sampling.
         max_in_flight: episodes generating at once.
-        version: returns the current policy version (for the drop rule).
+        clock: the current policy version (for the drop rule).
+        progress: where training stands, handed to each fresh env before its reset
+            (`sao.envs.base.notify_training_progress`); None hands nothing.
         seed: episode seeds are ``seed + episode index``.
     """
 
@@ -56,7 +59,8 @@ class Producer:
         loop_cfg: AgentLoopConfig,
         *,
         max_in_flight: int,
-        version: Callable[[], int],
+        clock: VersionProvider,
+        progress: Callable[[], TrainingProgress] | None = None,
         seed: int = 0,
     ) -> None:
         if max_in_flight < sampler.group_size:
@@ -65,7 +69,7 @@ class Producer:
             )
         self.engine, self.tokenizer, self.make_env = engine, tokenizer, make_env
         self.sampler, self.staleness, self.queue, self.loop_cfg = sampler, staleness, queue, loop_cfg
-        self.max_in_flight, self.version, self.seed = max_in_flight, version, seed
+        self.max_in_flight, self.clock, self.progress, self.seed = max_in_flight, clock, progress, seed
         self.episodes_started = 0
         self.counters: Counter[str] = Counter()
         self._in_flight = 0
@@ -104,6 +108,8 @@ class Producer:
 
     async def _episode(self, start: Start, index: int) -> Trajectory | None:
         env = self.make_env()
+        if self.progress is not None:
+            notify_training_progress(env, self.progress())
         try:
             return await run_episode(
                 self.engine, self.tokenizer, env, start.task, self.loop_cfg,
@@ -131,7 +137,7 @@ class Producer:
             self.staleness.on_dropped(reason, start.size)
             self.counters[f"dropped/{reason}"] += start.size
             return
-        now = self.version()
+        now = self.clock.get_version()
         oldest = min(min((v for v in t.versions if v >= 0), default=now) for t in trajs)
         if self.staleness.should_drop(oldest, now):
             self.staleness.on_dropped("too_stale", start.size)

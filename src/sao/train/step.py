@@ -1,4 +1,4 @@
-"""The RL training step (SPEC §2.3): K critic updates on fixed targets, then one actor update.
+"""The RL training step: K critic updates on fixed targets, then one actor update (docs/algorithms.md).
 
 Owns: the actor and critic AdamW optimizers (trainable parameters only), their lr schedules, the critic
 warm-up, gradient clipping, micro-batching with whole-batch normalisation, and the advantage estimator's
@@ -8,24 +8,30 @@ module saves). Does not own: rollouts, weight sync to the engine, checkpoints on
 One `Trainer.train_step` on a batch:
 
 1. critic values V (no grad; with a single micro-batch, taken from the first critic step's forward) and
-   critic targets with λ_critic (the registry's ``returns``);
+   critic targets with λ_critic (`critic_targets`: one GAE pass);
 2. ``algo.k_critic`` critic optimizer steps on that batch, targets fixed;
 3. V recomputed with the updated critic (``critic.recompute_values``);
-4. policy advantages by the preset's estimator (policy λ, length-adaptive);
+4. policy advantages by the preset's estimator (`estimate_advantages`, pure: one GAE pass with the
+   policy λ, length-adaptive, or a baseline read from the estimator's state before this batch);
 5. one actor optimizer step: ``dis`` against the rollout log-probs, or ``ppo_clip`` against π_old from a
-   no-grad forward before the update; plus ``nll_coef`` × the positive-example NLL (VAPO).
+   no-grad forward before the update; plus ``nll_coef`` × the positive-example NLL (VAPO);
+6. the estimator's state records the batch (`update_advantage_state`; running-mean history, SPO tracker).
 
 Critic-free presets skip 1–3. During the first ``critic.warmup_steps`` steps only 1–3 run.
 
-SPO's divergence D per trajectory (our reading): mean |log π_θ − log π_rollout| over its action tokens,
-with π_θ the policy *before* this update, i.e. π_old. It is taken from the old-log-prob forward when the
-loss needs one; otherwise from the actor's own training forward (which runs before the update), and the
-tracker is updated after that forward from the state it had before the batch, so no extra forward runs.
+An estimator that ``needs_divergence`` (SPO) gets D per trajectory in step 6 (our reading): mean
+|log π_θ − log π_rollout| over its action tokens, with π_θ the policy *before* this update, i.e. π_old:
+from the old-log-prob forward when the loss needs one, else from the actor's own training forward (which
+runs before the update), so no extra forward runs.
+
+The trainer is built from its own config sections (``algo``, ``critic``, ``trainer``) and the sampling
+temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -34,16 +40,19 @@ from torch import Tensor, nn
 from sao.algos import (
     AdvantageInputs,
     AdvantageParams,
-    AdvantageResult,
-    compute_advantages,
+    critic_targets,
+    estimate_advantages,
     explained_variance,
+    get_advantage_estimator,
     get_policy_loss,
     make_advantage_state,
     positive_nll_loss,
+    prompt_sampling_weights,
+    update_advantage_state,
     value_loss,
 )
 from sao.algos.packed import segment_count, segment_sum
-from sao.config import RunConfig
+from sao.config import AlgoConfig, CriticConfig, TrainerConfig
 from sao.models.forward import token_logprobs, token_values
 from sao.models.freezing import apply_freeze, trainable_parameters
 from sao.types import Batch
@@ -80,46 +89,65 @@ def _token_slices(parts: list[Batch]) -> list[slice]:
 
 
 class Trainer:
-    """Actor (+ critic) optimization for one run config; see the module docstring for the step.
+    """Actor (+ critic) optimization; see the module docstring for the step.
 
-    ``critic`` may be None only for critic-free presets. The critic's freezing rule is (re)applied from
-    ``cfg.critic.freeze`` (a value-pretrained critic may have trained all parameters).
+    Args:
+        actor, critic: the models (``critic`` may be None only for critic-free presets). The critic's
+            freezing rule is (re)applied from ``critic_cfg.freeze`` (a value-pretrained critic may have
+            trained all parameters).
+        algo: estimator, loss and critic schedule. critic_cfg: critic optimizer, clip, warm-ups.
+        optim: the actor optimizer, schedule and micro-batching (``trainer`` section).
+        temperature: the engine's sampling temperature (log-probs are taken at it; 0 means greedy → 1).
     """
 
-    def __init__(self, actor: nn.Module, critic: nn.Module | None, cfg: RunConfig) -> None:
-        algo = cfg.algo
+    def __init__(
+        self,
+        actor: nn.Module,
+        critic: nn.Module | None,
+        algo: AlgoConfig,
+        critic_cfg: CriticConfig,
+        optim: TrainerConfig,
+        *,
+        temperature: float = 1.0,
+    ) -> None:
         if algo.uses_critic and critic is None:
             raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
-        self.actor, self.critic, self.cfg = actor, critic, cfg
+        self.actor, self.critic = actor, critic
+        self.algo, self.critic_cfg, self.optim = algo, critic_cfg, optim
         self.device = next(actor.parameters()).device
-        self.temperature = cfg.engine.temperature if cfg.engine.temperature > 0 else 1.0
+        self.temperature = temperature if temperature > 0 else 1.0
         self.params = AdvantageParams.from_config(algo)
+        self.estimator = get_advantage_estimator(algo.advantage)
         self.adv_state = make_advantage_state(algo.advantage, self.params)
         self.loss = get_policy_loss(algo.policy_loss)
         self.uses_critic = algo.uses_critic
-        tr = cfg.trainer
         self.actor_params = trainable_parameters(actor)
-        self.actor_optim = torch.optim.AdamW(self.actor_params, lr=tr.lr, weight_decay=tr.weight_decay)
+        self.actor_optim = torch.optim.AdamW(self.actor_params, lr=optim.lr, weight_decay=optim.weight_decay)
         self.actor_sched = torch.optim.lr_scheduler.LambdaLR(
-            self.actor_optim, actor_lr_factor(tr.lr_schedule, tr.warmup_steps, tr.total_steps)
+            self.actor_optim, actor_lr_factor(optim.lr_schedule, optim.warmup_steps, optim.total_steps)
         )
         self.critic_params: list[nn.Parameter] = []
         self.critic_optim = self.critic_sched = None
         if self.uses_critic:
             assert critic is not None
-            apply_freeze(getattr(critic, "model", critic), cfg.critic.freeze)
+            apply_freeze(getattr(critic, "model", critic), critic_cfg.freeze)
             self.critic_params = trainable_parameters(critic)
             self.critic_optim = torch.optim.AdamW(
-                self.critic_params, lr=cfg.critic.lr, weight_decay=tr.weight_decay
+                self.critic_params, lr=critic_cfg.lr, weight_decay=optim.weight_decay
             )
             self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_optim, critic_lr_factor(cfg.critic.lr_warmup_steps)
+                self.critic_optim, critic_lr_factor(critic_cfg.lr_warmup_steps)
             )
         self.step = 0  # train_step calls
         self.actor_steps = 0
         self.critic_steps = 0
         self.old_logprob_forwards = 0
         self.trained_tokens = 0
+
+    def sampling_weights(self, prompt_ids: list[str]) -> list[float] | None:
+        """Prompt priorities from the estimator's state (SPO's √(p̂(1−p̂)) + floor), None without them."""
+        weights = prompt_sampling_weights(self.algo.advantage, self.adv_state, prompt_ids)
+        return None if weights is None else weights.tolist()
 
     # ---- state -------------------------------------------------------------------------------------
 
@@ -153,22 +181,22 @@ class Trainer:
     @property
     def critic_warming_up(self) -> bool:
         """True while the actor waits for the critic (``critic.warmup_steps`` trainer steps)."""
-        return self.uses_critic and self.step < self.cfg.critic.warmup_steps
+        return self.uses_critic and self.step < self.critic_cfg.warmup_steps
 
     # ---- the step ----------------------------------------------------------------------------------
 
     def train_step(self, batch: Batch, *, policy_version: int) -> dict[str, float]:
-        """One trainer step on ``batch`` (SPEC §2.3); returns float metrics (SPEC §5)."""
+        """One trainer step on ``batch`` (module docstring); returns float metrics (docs/training.md)."""
         batch = batch.to(self.device)
-        parts = batch.split(self.cfg.trainer.micro_batch_tokens)
+        parts = batch.split(self.optim.micro_batch_tokens)
         metrics = batch_metrics(batch, policy_version)
-        values = result = None
+        values = None
         if self.uses_critic:
-            values, result, critic_metrics = self._critic_phase(batch, parts)
+            values, critic_metrics = self._critic_phase(batch, parts)
             metrics.update(critic_metrics)
         actor_trains = not self.critic_warming_up
         if actor_trains:
-            metrics.update(self._actor_phase(batch, parts, values, result))
+            metrics.update(self._actor_phase(batch, parts, values))
             self.actor_sched.step()
             self.actor_steps += 1
             self.trained_tokens += int(batch.action_mask.sum())
@@ -183,10 +211,8 @@ class Trainer:
         metrics["trainer/trained_tokens_total"] = float(self.trained_tokens)
         return metrics
 
-    def _advantages(
-        self, batch: Batch, values: Tensor | None, divergence: Tensor | None = None
-    ) -> AdvantageResult:
-        inputs = AdvantageInputs(
+    def _inputs(self, batch: Batch, values: Tensor | None) -> AdvantageInputs:
+        return AdvantageInputs(
             token_rewards=batch.token_rewards,
             action_mask=batch.action_mask,
             cu_seqlens=batch.cu_seqlens,
@@ -194,23 +220,20 @@ class Trainer:
             outcome_rewards=batch.outcome_rewards,
             prompt_ids=batch.prompt_ids,
             group_ids=batch.group_ids,
-            divergence=divergence,
             turn_ids=batch.turn_ids,
+            truncated=batch.truncated,
         )
-        return compute_advantages(self.cfg.algo.advantage, inputs, self.params, self.adv_state)
 
     @torch.no_grad()
     def _values(self, parts: list[Batch]) -> Tensor:
         assert self.critic is not None
         return torch.cat([token_values(self.critic, part).float() for part in parts])
 
-    def _critic_phase(
-        self, batch: Batch, parts: list[Batch]
-    ) -> tuple[Tensor, AdvantageResult, dict[str, float]]:
+    def _critic_phase(self, batch: Batch, parts: list[Batch]) -> tuple[Tensor, dict[str, float]]:
         """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic."""
         assert self.critic is not None and self.critic_optim is not None
-        ccfg = self.cfg.critic
-        k_critic = self.cfg.algo.k_critic
+        ccfg = self.critic_cfg
+        k_critic = self.algo.k_critic
         # One micro-batch: the first critic step's forward (with grad) also gives the pre-update values the
         # targets need, so the separate no-grad forward is skipped (same values: same weights, same input).
         first: Tensor | None = None
@@ -219,8 +242,7 @@ class Trainer:
             old_values = first.detach()
         else:
             old_values = self._values(parts)
-        targets = self._advantages(batch, old_values)
-        assert targets.returns is not None
+        targets = critic_targets(self.algo.advantage, self._inputs(batch, old_values), self.params)
         returns = targets.returns.detach()
         mask = (batch.action_mask if targets.value_mask is None else targets.value_mask).bool()
         metrics = {"critic/explained_variance": explained_variance(old_values, returns, mask)}
@@ -234,8 +256,9 @@ class Trainer:
                 v = first if first is not None else token_values(self.critic, part).float()
                 first = None
                 loss, _ = value_loss(
-                    v, returns[sl], mask[sl], old_values[sl], ccfg.value_clip, denominator=denominator
-                )
+                    v, returns[sl], mask[sl], old_values[sl], ccfg.value_clip,
+                    denominator=denominator, with_metrics=False,
+                )  # fmt: skip
                 loss.backward()
                 total += float(loss.detach())
             norms.append(float(torch.nn.utils.clip_grad_norm_(self.critic_params, ccfg.grad_clip)))
@@ -257,28 +280,20 @@ class Trainer:
         if ccfg.recompute_values:
             values = self._values(parts)
             metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
-        return values, targets, metrics
+        return values, metrics
 
-    def _actor_phase(
-        self, batch: Batch, parts: list[Batch], values: Tensor | None, targets: AdvantageResult | None
-    ) -> dict[str, float]:
-        """Steps 4–5: policy advantages and one actor optimizer step over the micro-batches."""
-        algo = self.cfg.algo
+    def _actor_phase(self, batch: Batch, parts: list[Batch], values: Tensor | None) -> dict[str, float]:
+        """Steps 4–6: policy advantages, one actor optimizer step over the micro-batches, the estimator's
+        state update."""
+        algo = self.algo
         action = batch.action_mask.bool()
         old_logprobs = None
         if algo.needs_old_logprobs:
             with torch.no_grad():
                 old_logprobs = torch.cat([self._logprobs(part, False)[0] for part in parts])
             self.old_logprob_forwards += 1
-        is_spo = algo.advantage == "spo"
-        divergence = None
-        if is_spo and old_logprobs is not None:
-            divergence = self._divergence(batch, old_logprobs)
-        spo_state_before = copy.deepcopy(self.adv_state) if is_spo and divergence is None else None
-        if values is not None and targets is not None and not self.cfg.critic.recompute_values:
-            result = targets  # the values did not change: the targets' advantages are the policy's
-        else:
-            result = self._advantages(batch, values, divergence)
+        inputs = self._inputs(batch, values)
+        result = estimate_advantages(algo.advantage, inputs, self.params, self.adv_state)
         advantages = result.advantages.detach()
         reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
         assert reference is not None
@@ -322,15 +337,16 @@ class Trainer:
             loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
             loss_metrics["actor/loss"] = loss.detach() * scale
             acc.add(loss_metrics, n_action)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.actor_params, self.cfg.trainer.grad_clip))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.actor_params, self.optim.grad_clip))
         lr = self.actor_optim.param_groups[0]["lr"]
         self.actor_optim.step()
-        if spo_state_before is not None:
-            # Redo the tracker update with D from the pre-update forward (same advantages: they use the
-            # state before the batch), starting from the state before the batch.
-            self.adv_state = spo_state_before
-            divergence = self._divergence(batch, torch.cat(fresh_logprobs))
-            self._advantages(batch, values, divergence)
+        divergence = None
+        if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update forward
+            before = old_logprobs if old_logprobs is not None else torch.cat(fresh_logprobs)
+            divergence = self._divergence(batch, before)
+        update_advantage_state(
+            algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
+        )
         metrics = acc.means()
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(

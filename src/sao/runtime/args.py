@@ -1,0 +1,144 @@
+"""What each component of a run receives: plain, typed, comparable arguments (`sao.runtime.build` makes
+them from the config sections; the consumption test compares them when a key changes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sao.config import AlgoConfig, CriticConfig, LoggingConfig, ModelConfig, TrainerConfig
+from sao.eval import EvalSettings
+
+__all__ = [
+    "CheckpointArgs",
+    "CriticArgs",
+    "EngineArgs",
+    "EnvArgs",
+    "EvalArgs",
+    "LoopArgs",
+    "ModelArgs",
+    "SamplerArgs",
+    "SinkArgs",
+    "StalenessArgs",
+    "TaskArgs",
+    "TrainerArgs",
+    "ValuePretrainArgs",
+]
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The policy checkpoint (a directory, or a tiny model built into ``cache_dir`` on first use)."""
+
+    model: ModelConfig
+    seed: int
+
+
+@dataclass(frozen=True)
+class CriticArgs:
+    """Whether the run has a critic, and how a new value head starts."""
+
+    enabled: bool
+    head_init: str
+    dtype: str
+    device: str
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    backend: str
+    device: str
+    dtype: str
+    max_concurrent: int
+    seed: int
+    threads: int | None = None
+    python: str | None = None
+    attach: str | None = None
+    server_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EnvArgs:
+    name: str
+    kwargs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TaskArgs:
+    """Training tasks: a file (with its column names), else the env's own task source."""
+
+    env: str
+    train_file: str | None
+    fields: tuple[str, str, str, str]  # id, prompt, answer, tests
+    seed: int
+    count: int = 4096  # tasks asked of an env's own source
+
+
+@dataclass(frozen=True)
+class SamplerArgs:
+    group_size: int
+    seed: int
+    prioritized: bool  # prompt priorities from the advantage estimator's state, when it has them
+
+
+@dataclass(frozen=True)
+class StalenessArgs:
+    """Capacity and drop rules; sync mode is capacity and in-flight bound of exactly one batch."""
+
+    batch_size: int
+    max_staleness: int
+    drop_older_than: int | None
+    max_in_flight: int
+
+
+@dataclass(frozen=True)
+class TrainerArgs:
+    algo: AlgoConfig
+    critic: CriticConfig
+    optim: TrainerConfig
+    temperature: float
+
+
+@dataclass(frozen=True)
+class ValuePretrainArgs:
+    """Value pretraining before RL: on, and with which options (`sao.train.value_pretrain`)."""
+
+    enabled: bool
+    options: Any  # ValuePretrainOptions (imported lazily: it pulls in torch)
+    concurrency: int
+    rollout_seed: int
+
+
+@dataclass(frozen=True)
+class CheckpointArgs:
+    run_dir: Path
+    keep_last: int
+    every: int
+
+
+@dataclass(frozen=True)
+class SinkArgs:
+    run_dir: Path
+    logging: LoggingConfig
+    run_name: str
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """Evaluation during training: task files, how to sample, how often (None: only at the end)."""
+
+    files: tuple[str, ...]
+    env: EnvArgs
+    settings: EvalSettings
+    every: int | None
+
+
+@dataclass(frozen=True)
+class LoopArgs:
+    """The run loop itself: how many steps, of how many trajectories, the run seed."""
+
+    total_steps: int
+    batch_size: int
+    seed: int
+    backend: str

@@ -1,0 +1,296 @@
+"""How a run is assembled: one factory per component, each given only the config sections it reads.
+
+Every factory comes in two halves: ``<component>_args(...)`` turns the sections into the plain, typed
+arguments the component receives (cheap, pure: the consumption test compares them), and ``build_<name>``
+or the component's own constructor makes the object from them. `FACTORIES` names, for each factory, the
+sections it is handed and the config keys it reads; every leaf of `RunConfig` is read by at least one
+factory or refused at load (`REFUSED_AT_LOAD`), which ``tests/runtime/test_build.py`` checks leaf by leaf.
+docs/assembly.md is the guide for adding a component.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sao.config import (
+    AlgoConfig,
+    ConfigError,
+    CriticConfig,
+    DataConfig,
+    EngineConfig,
+    EvalConfig,
+    LoggingConfig,
+    ModelConfig,
+    RunConfig,
+    RuntimeConfig,
+    TrainerConfig,
+)
+from sao.envs.base import Env, EnvError, Task, make_env
+from sao.eval import EvalSettings
+from sao.rollout.agent_loop import AgentLoopConfig
+
+from .args import (
+    CheckpointArgs,
+    CriticArgs,
+    EngineArgs,
+    EnvArgs,
+    EvalArgs,
+    LoopArgs,
+    ModelArgs,
+    SamplerArgs,
+    SinkArgs,
+    StalenessArgs,
+    TaskArgs,
+    TrainerArgs,
+    ValuePretrainArgs,
+)
+
+__all__ = [
+    "FACTORIES",
+    "REFUSED_AT_LOAD",
+    "Factory",
+    "build_env_factory",
+    "build_tasks",
+    "build_trainer",
+]
+
+
+# ---- the factories' argument halves ------------------------------------------------------------------
+
+
+def actor_args(model: ModelConfig, trainer: TrainerConfig) -> ModelArgs:
+    return ModelArgs(model, trainer.seed)
+
+
+def critic_args(algo: AlgoConfig, critic: CriticConfig, model: ModelConfig) -> CriticArgs:
+    return CriticArgs(algo.uses_critic, critic.head_init, model.dtype, model.device)
+
+
+def engine_args(engine: EngineConfig, model: ModelConfig, trainer: TrainerConfig) -> EngineArgs:
+    return EngineArgs(
+        engine.backend, model.device, model.dtype, engine.max_concurrent, trainer.seed,
+        engine.threads, engine.python, engine.attach, tuple(engine.server_args),
+    )  # fmt: skip
+
+
+def agent_loop_args(data: DataConfig, engine: EngineConfig) -> AgentLoopConfig:
+    return AgentLoopConfig(
+        max_turns=data.max_turns,
+        max_total_tokens=data.max_total_tokens,
+        max_tokens_per_turn=engine.max_new_tokens,
+        temperature=engine.temperature,
+        top_p=engine.top_p,
+        top_k=engine.top_k,
+    )
+
+
+def env_args(data: DataConfig) -> EnvArgs:
+    return EnvArgs(data.env, dict(data.env_kwargs))
+
+
+def task_args(data: DataConfig) -> TaskArgs:
+    fields = (data.id_field, data.prompt_field, data.answer_field, data.tests_field)
+    return TaskArgs(data.env, data.train_file, fields, data.seed)
+
+
+def sampler_args(algo: AlgoConfig, data: DataConfig) -> SamplerArgs:
+    return SamplerArgs(algo.group_size, data.seed, algo.spo_prioritized_sampling)
+
+
+def staleness_args(runtime: RuntimeConfig, trainer: TrainerConfig) -> StalenessArgs:
+    if runtime.mode == "sync":
+        return StalenessArgs(trainer.batch_size, 0, runtime.drop_older_than, trainer.batch_size)
+    return StalenessArgs(
+        trainer.batch_size, runtime.max_staleness, runtime.drop_older_than, runtime.max_in_flight
+    )
+
+
+def trainer_args(
+    algo: AlgoConfig, critic: CriticConfig, trainer: TrainerConfig, engine: EngineConfig
+) -> TrainerArgs:
+    return TrainerArgs(algo, critic, trainer, engine.temperature)
+
+
+def value_pretrain_args(
+    algo: AlgoConfig, critic: CriticConfig, trainer: TrainerConfig, runtime: RuntimeConfig
+) -> ValuePretrainArgs:
+    from sao.train.value_pretrain import ValuePretrainOptions
+
+    pre = critic.pretrain
+    enabled = algo.uses_critic and (algo.value_pretrain if pre.enabled is None else pre.enabled)
+    options = ValuePretrainOptions(
+        corpus_size=pre.corpus_size, max_steps=pre.max_steps, ev_patience=pre.ev_patience,
+        ev_min_delta=pre.ev_min_delta, lr=critic.lr, batch_size=min(32, pre.corpus_size),
+        micro_batch_tokens=trainer.micro_batch_tokens, gamma=algo.gamma, freeze="none",
+        grad_clip=critic.grad_clip, seed=trainer.seed,
+    )  # fmt: skip
+    return ValuePretrainArgs(enabled, options, runtime.max_in_flight, trainer.seed + 10_000_000)
+
+
+def checkpoint_args(logging: LoggingConfig) -> CheckpointArgs:
+    return CheckpointArgs(Path(logging.run_dir), logging.keep_checkpoints, logging.checkpoint_every)
+
+
+def sink_args(logging: LoggingConfig, name: str) -> SinkArgs:
+    return SinkArgs(Path(logging.run_dir), logging, name)
+
+
+def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig) -> EvalArgs:
+    files = (
+        ()
+        if data.eval_file is None
+        else tuple([data.eval_file] if isinstance(data.eval_file, str) else data.eval_file)
+    )
+    settings = EvalSettings(
+        k=eval.k, seed=eval.seed, temperature=eval.temperature, top_p=eval.top_p, max_turns=data.max_turns,
+        max_tokens_per_turn=engine.max_new_tokens, max_total_tokens=data.max_total_tokens,
+        concurrency=eval.concurrency, env=data.env, limit=eval.limit,
+    )  # fmt: skip
+    return EvalArgs(files, env_args(data), settings, logging.eval_every)
+
+
+def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:
+    return LoopArgs(trainer.total_steps, trainer.batch_size, trainer.seed, runtime.backend)
+
+
+# ---- the table ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Factory:
+    """``args(*sections)`` with ``sections`` the dotted config paths it is handed; ``reads``: the leaf keys
+    (``section.*`` = every leaf below) whose values reach the component."""
+
+    args: Callable[..., Any]
+    sections: tuple[str, ...]
+    reads: tuple[str, ...]
+    builds: str
+
+    def __call__(self, cfg: RunConfig) -> Any:
+        return self.args(*(_section(cfg, path) for path in self.sections))
+
+
+def _section(cfg: RunConfig, path: str) -> Any:
+    value: Any = cfg
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+_MODEL_SOURCE = ("model.path", "model.tiny_arch", "model.tiny_size", "model.dtype", "model.device")
+
+FACTORIES: dict[str, Factory] = {
+    "actor": Factory(actor_args, ("model", "trainer"), (*_MODEL_SOURCE, "trainer.seed"),
+                     "the policy checkpoint and the trainer's actor (sao.models.loading)"),
+    "critic": Factory(critic_args, ("algo", "critic", "model"),
+                      ("algo.advantage", "critic.head_init", "model.dtype", "model.device"),
+                      "the critic: policy backbone + value head (sao.models.critic.load_critic)"),
+    "engine": Factory(engine_args, ("engine", "model", "trainer"),
+                      ("engine.backend", "engine.max_concurrent", "engine.threads", "engine.python",
+                       "engine.attach", "engine.server_args", "model.device", "model.dtype", "trainer.seed"),
+                      "the rollout engine (sao.runtime.engines.start_engine)"),
+    "agent_loop": Factory(agent_loop_args, ("data", "engine"),
+                          ("data.max_turns", "data.max_total_tokens", "engine.max_new_tokens",
+                           "engine.temperature", "engine.top_p", "engine.top_k"),
+                          "turn and token limits, sampling (sao.rollout.agent_loop.AgentLoopConfig)"),
+    "env": Factory(env_args, ("data",), ("data.env", "data.env_kwargs"), "one fresh env per episode"),
+    "tasks": Factory(task_args, ("data",),
+                     ("data.env", "data.train_file", "data.id_field", "data.prompt_field",
+                      "data.answer_field", "data.tests_field", "data.seed"),
+                     "the training tasks (a task file, or the env's own task source)"),
+    "sampler": Factory(sampler_args, ("algo", "data"),
+                       ("algo.group_size", "algo.spo_prioritized_sampling", "data.seed"),
+                       "the prompt order (sao.runtime.sampler.PromptSampler)"),
+    "staleness": Factory(staleness_args, ("runtime", "trainer"),
+                         ("runtime.mode", "runtime.max_in_flight", "runtime.max_staleness",
+                          "runtime.drop_older_than", "trainer.batch_size"),
+                         "capacity, in-flight bound and drop rule (StalenessManager, Producer)"),
+    "trainer": Factory(trainer_args, ("algo", "critic", "trainer", "engine"),
+                       ("algo.*", "critic.freeze", "critic.lr", "critic.lr_warmup_steps",
+                        "critic.warmup_steps", "critic.value_clip", "critic.recompute_values",
+                        "critic.grad_clip", "trainer.lr",
+                        "trainer.micro_batch_tokens", "trainer.grad_clip", "trainer.total_steps",
+                        "trainer.lr_schedule", "trainer.warmup_steps", "trainer.weight_decay",
+                        "engine.temperature"),
+                       "the RL step: critic ×K, actor (sao.train.step.Trainer)"),
+    "value_pretrain": Factory(value_pretrain_args, ("algo", "critic", "trainer", "runtime"),
+                              ("algo.advantage", "algo.value_pretrain", "algo.gamma", "critic.pretrain.*",
+                               "critic.lr", "critic.grad_clip", "trainer.micro_batch_tokens", "trainer.seed",
+                               "runtime.max_in_flight"),
+                              "value pretraining on initial-policy rollouts (sao.train.value_pretrain)"),
+    "checkpoints": Factory(checkpoint_args, ("logging",),
+                           ("logging.run_dir", "logging.keep_checkpoints", "logging.checkpoint_every"),
+                           "checkpoints and resume (sao.train.checkpoint.CheckpointManager)"),
+    "sinks": Factory(sink_args, ("logging", "name"),
+                     ("logging.run_dir", "logging.tensorboard", "logging.wandb", "logging.log_every", "name"),
+                     "metric sinks: JSONL, TensorBoard, W&B (sao.sinks.make_sinks)"),
+    "evaluator": Factory(eval_args, ("data", "eval", "logging", "engine"),
+                         ("data.eval_file", "eval.*", "logging.eval_every", "data.env", "data.env_kwargs",
+                          "data.max_turns", "data.max_total_tokens", "engine.max_new_tokens"),
+                         "evaluation during training (sao.runtime.evaluation.TrainingEvaluator)"),
+    "loop": Factory(loop_args, ("trainer", "runtime"),
+                    ("trainer.total_steps", "trainer.batch_size", "trainer.seed", "runtime.backend"),
+                    "the run loop: steps, batch size, run seed (sao.runtime.runner.Run)"),
+}  # fmt: skip
+
+# Keys whose effect is at load time, not in a component: `algo.preset` picks the preset that fills the
+# other algo/critic keys (sao.config.loading). Values refused at load name the key and why.
+READ_AT_LOAD: dict[str, str] = {"algo.preset": "selects the preset applied before the YAML and overrides"}
+REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {
+    "runtime.backend": {"ray": "the distributed runtime is not built yet; use 'local'"},
+}
+
+
+# ---- builders -----------------------------------------------------------------------------------------
+
+
+def build_trainer(cfg: RunConfig, actor: Any, critic: Any) -> Any:
+    """The `Trainer` for ``cfg``, handed only its sections (algo, critic, trainer, the temperature)."""
+    from sao.train.step import Trainer
+
+    args: TrainerArgs = FACTORIES["trainer"](cfg)
+    return Trainer(actor, critic, args.algo, args.critic, args.optim, temperature=args.temperature)
+
+
+def build_env_factory(args: EnvArgs) -> Callable[[], Env]:
+    """A builder of fresh envs (one per episode); builds one now so a bad name or kwargs fail at startup."""
+    build = functools.partial(make_env, args.name, **args.kwargs)
+    try:
+        build()
+    except EnvError as err:
+        raise ConfigError(f"data.env / data.env_kwargs: {err}") from None
+    return build
+
+
+def build_tasks(args: TaskArgs) -> list[Task]:
+    """The training tasks: ``data.train_file`` read with its column names, else the env's task source."""
+    if args.train_file:
+        from sao.envs.tasks import load_tasks
+
+        id_field, prompt_field, answer_field, tests_field = args.fields
+        return load_tasks(args.train_file, id_field=id_field, prompt_field=prompt_field,
+                          answer_field=answer_field, tests_field=tests_field)  # fmt: skip
+    from sao.envs.base import make_env_tasks
+
+    try:
+        return make_env_tasks(args.env, args.count, seed=args.seed)
+    except EnvError as err:
+        raise ConfigError(f"data.train_file: not set, and {err}") from None
+
+
+@dataclass
+class Assembly:
+    """Every factory's arguments for one run config (what `Run` builds its components from)."""
+
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Assembly:
+        return cls({name: factory(cfg) for name, factory in FACTORIES.items()})
+
+    def __getitem__(self, name: str) -> Any:
+        return self.args[name]

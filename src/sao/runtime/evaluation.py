@@ -1,0 +1,115 @@
+"""Evaluation during training: Pass@1 over ``eval.k`` samples on held-out task files, on the run's engine.
+
+Every ``logging.eval_every`` steps (and once at the end) the evaluator starts an evaluation of
+``data.eval_file`` with the weights the engine has then, as an asyncio task beside the producer: training
+and generation go on while it runs, its episodes are neither trained on nor counted as produced, and the
+engine interleaves them with training episodes. An intermediate evaluation therefore samples from the
+policy versions the engine holds while it runs (``eval/policy_version_start`` … ``_end`` are logged); the
+final one runs after the producer stopped, on the final weights alone.
+
+Results go to the metric sinks at the step they measure (``eval/pass@1``, ``eval/pass@k``,
+``eval/mean_reward``, ``eval/errors``, and per task file ``eval/<file stem>/pass@1``), and the full report
+to ``run_dir/eval/step_<step>.json`` beside the checkpoints. An evaluation that fails is reported on the
+console and as ``eval/failed``; it never stops the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sao.eval import TaskFile, evaluate, load_task_file, write_report
+from sao.sinks import MultiSink
+
+from .args import EvalArgs
+from .clock import TrainingClock
+
+__all__ = ["TrainingEvaluator", "eval_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+def eval_metrics(report: dict[str, Any]) -> dict[str, float]:
+    """The ``eval/*`` metrics of an `sao.eval.evaluate` report (overall and per task file)."""
+    k = int(report["k"])
+    overall = report["overall"]
+    metrics = {
+        "eval/pass@1": float(overall["pass@1"]),
+        f"eval/pass@{k}": float(overall[f"pass@{k}"]),
+        "eval/mean_reward": float(overall["mean_reward"]),
+        "eval/errors": float(overall["errors"]),
+        "eval/samples": float(overall["samples"]),
+    }
+    for path, per_file in report["files"].items():
+        metrics[f"eval/{Path(path).stem}/pass@1"] = float(per_file["pass@1"])
+    return metrics
+
+
+class TrainingEvaluator:
+    """See the module docstring. Task files are read at construction: a bad file fails the run's start."""
+
+    def __init__(
+        self,
+        args: EvalArgs,
+        engine: Any,
+        tokenizer: Any,
+        env_factory: Callable[[], Any],
+        sinks: MultiSink,
+        run_dir: Path,
+        clock: TrainingClock,
+    ) -> None:
+        self.args, self.engine, self.tokenizer, self.env_factory = args, engine, tokenizer, env_factory
+        self.sinks, self.clock = sinks, clock
+        self.out_dir = Path(run_dir) / "eval"
+        limit = args.settings.limit
+        self.files: list[TaskFile] = [load_task_file(p, args.settings.env, limit) for p in args.files]
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.files)
+
+    def on_step(self, step: int) -> None:
+        """Start an evaluation of ``step``'s weights when ``logging.eval_every`` says so."""
+        every = self.args.every
+        if self.enabled and every is not None and step % every == 0:
+            self._launch(step)
+
+    async def finish(self, step: int) -> None:
+        """The final evaluation (unless one of ``step`` already ran), then wait for every evaluation."""
+        if self.enabled and step not in self._tasks:
+            self._launch(step)
+        await self.wait()
+
+    async def wait(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def cancel(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
+
+    def _launch(self, step: int) -> None:
+        self._tasks[step] = asyncio.create_task(self._evaluate(step))
+
+    async def _evaluate(self, step: int) -> None:
+        start = self.clock.get_version()
+        try:
+            report = await evaluate(
+                self.engine, self.tokenizer, self.files, self.args.settings, env_factory=self.env_factory
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # an evaluation that breaks is reported; training goes on
+            log.error("evaluation of step %d failed: %s: %s", step, type(err).__name__, err)
+            self.sinks.log(step, {"eval/failed": 1.0}, always=True)
+            return
+        metrics = eval_metrics(report)
+        metrics["eval/policy_version_start"] = float(start)
+        metrics["eval/policy_version_end"] = float(self.clock.get_version())
+        report["step"] = step
+        write_report(report, self.out_dir / f"step_{step:08d}.json")
+        self.sinks.log(step, metrics, always=True)

@@ -1,0 +1,114 @@
+"""Per-batch work of a run, each piece an explicit observer of the trained step (in the order listed):
+
+1. `WeightPush` — the new weights to the engine, without aborting in-flight episodes;
+2. `Books` — the staleness books and the producer learn that the batch was trained; runtime metrics
+   (throughput, idle fractions, queue size, trajectory counts, policy version);
+3. `MetricsLog` — the step's metrics to the sinks and the progress display;
+4. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
+5. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
+
+An observer gets the `StepRecord` (step, version, trajectories, timings, metrics it may add to) and the
+run's shared objects from its constructor; none reads the config.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sao.types import Batch
+
+from .clock import TrainingClock
+
+__all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush"]
+
+
+@dataclass
+class StepRecord:
+    """One trained step: ``step`` and ``version`` after it, the batch, seconds waited and trained."""
+
+    step: int
+    version: int
+    batch: Batch
+    wait_s: float
+    train_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class StepObserver(Protocol):
+    async def on_step(self, record: StepRecord) -> None: ...
+
+
+class WeightPush:
+    """The actor's new weights to the engine as version ``record.version``."""
+
+    def __init__(self, engine: Any, actor: Any) -> None:
+        self.engine, self.actor = engine, actor
+
+    async def on_step(self, record: StepRecord) -> None:
+        t0 = time.monotonic()
+        await self.engine.update_weights(self.actor.state_dict(), record.version)
+        record.metrics["runtime/weight_push_s"] = time.monotonic() - t0
+
+
+class Books:
+    """Trajectory accounting after a step, and the runtime metrics derived from it."""
+
+    def __init__(self, staleness: Any, producer: Any, queue: Any, engine: Any, clock: TrainingClock) -> None:
+        self.staleness, self.producer, self.queue, self.engine, self.clock = (
+            staleness,
+            producer,
+            queue,
+            engine,
+            clock,
+        )
+        self.started_at = time.monotonic()
+        self.waited = 0.0
+
+    async def on_step(self, record: StepRecord) -> None:
+        n = record.batch.num_sequences
+        self.staleness.on_trained(n)
+        self.producer.notify_trained()
+        self.waited += record.wait_s
+        busy = max(record.wait_s + record.train_s, 1e-9)
+        s = self.staleness.stats()
+        record.metrics.update(
+            {
+                "throughput/trajectories_per_s": n / busy,
+                "throughput/tokens_per_s": record.batch.num_tokens / busy,
+                "runtime/trainer_idle_frac": self.waited / max(time.monotonic() - self.started_at, 1e-9),
+                "runtime/engine_idle_frac": self.engine.stats().get("idle_fraction", float("nan")),
+                "runtime/queue_size": float(self.queue.qsize()),
+                "runtime/started": float(s.started),
+                "runtime/trained": float(s.trained),
+                "runtime/dropped": float(s.dropped),
+                "policy/version": float(record.version),
+            }
+        )
+
+
+class MetricsLog:
+    """The step's metrics to the sinks and the progress display."""
+
+    def __init__(self, sinks: Any, progress: Any) -> None:
+        self.sinks, self.progress = sinks, progress
+
+    async def on_step(self, record: StepRecord) -> None:
+        self.sinks.log(record.step, record.metrics)
+        self.progress.update(record.step, record.metrics, trajectories=record.batch.num_sequences)
+
+
+class Checkpoints:
+    """``save(step, version)`` every ``every`` steps and at step ``last``.
+
+    Queued (finished, not yet trained) trajectories are not in a checkpoint: a resumed run counts them as
+    dropped (``lost_on_resume``) through the staleness books it restores."""
+
+    def __init__(self, save: Callable[[int, int], object], every: int, last: int) -> None:
+        self.save, self.every, self.last = save, every, last
+
+    async def on_step(self, record: StepRecord) -> None:
+        if record.step % self.every == 0 or record.step == self.last:
+            self.save(record.step, record.version)

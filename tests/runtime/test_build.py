@@ -1,0 +1,155 @@
+"""The consumption rule: every leaf of `RunConfig` is read by a factory (and changing it changes what that
+factory's component receives) or refused at load with an error naming the key."""
+
+from __future__ import annotations
+
+import copy
+import typing
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel
+
+from sao.config import ConfigError, RunConfig, load_config
+from sao.runtime.build import FACTORIES, READ_AT_LOAD, REFUSED_AT_LOAD
+
+BASE = ["model.tiny_arch=qwen3_moe"]
+
+# Leaves whose change needs another base (the key only applies with another backend), or a value the
+# generic rule below cannot derive.
+SPECIAL: dict[str, tuple[list[str], Any]] = {
+    "model.path": (["model.tiny_arch=qwen3_moe"], {"path": "some/checkpoint", "tiny_arch": None}),
+    "model.tiny_arch": ([], "qwen3"),
+    "engine.threads": (["engine.backend=process"], 3),
+    "engine.python": (["engine.backend=vllm"], "/opt/venv/bin/python"),
+    "engine.attach": (["engine.backend=vllm"], "http://127.0.0.1:9"),
+    "engine.server_args": (["engine.backend=vllm"], ["--enforce-eager"]),
+    "critic.freeze": ([], "none"),
+    "algo.lam_policy": ([], 0.5),
+    "data.env_kwargs": ([], {"turns": 2}),
+    "data.eval_file": ([], "held_out.jsonl"),
+    "runtime.max_staleness": (["runtime.mode=async"], 3),
+    "algo.advantage": ([], "running_mean"),  # critic -> critic-free: the critic factory must notice
+    "algo.spo_rho_max": ([], 0.99),
+    "critic.pretrain.enabled": ([], False),  # null follows the preset, which pretrains
+}
+# Keys every other value of which is refused at load (their refusal is tested below).
+NO_ACCEPTED_ALTERNATIVE = {"runtime.backend"}
+
+
+def _leaves(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:
+    """Dotted leaf key -> pydantic FieldInfo, recursing into sections."""
+    out = {}
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.update(_leaves(ann, f"{prefix}{name}."))
+        else:
+            out[f"{prefix}{name}"] = info
+    return out
+
+
+LEAVES = _leaves(RunConfig)
+
+
+def _readers(key: str) -> list[str]:
+    found = []
+    for name, factory in FACTORIES.items():
+        for pattern in factory.reads:
+            if pattern == key or (pattern.endswith(".*") and key.startswith(pattern[:-1])):
+                found.append(name)
+                break
+    return found
+
+
+def _get(data: dict, key: str) -> Any:
+    for part in key.split("."):
+        data = data[part]
+    return data
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    *sections, leaf = key.split(".")
+    for part in sections:
+        data = data[part]
+    if isinstance(value, dict) and leaf == "path":  # model.path: swap the model source
+        data.update(value)
+    else:
+        data[leaf] = value
+
+
+def _other_value(key: str, current: Any) -> Any:
+    """A different valid value for ``key``, derived from its annotation."""
+    if key in SPECIAL:
+        return SPECIAL[key][1]
+    ann = LEAVES[key].annotation
+    is_union = typing.get_origin(ann) in (typing.Union, getattr(__import__("types"), "UnionType", None))
+    options = [a for a in typing.get_args(ann) if a is not type(None)] if is_union else [ann]
+    for option in options:
+        if typing.get_origin(option) is Literal:
+            refused = REFUSED_AT_LOAD.get(key, {})
+            choices = [c for c in typing.get_args(option) if c != current and c not in refused]
+            if choices:
+                return choices[0]
+        elif option is bool:
+            return not current
+        elif option is int:
+            return (current or 1) + 1
+        elif option is float:
+            return current / 2 if current else 0.5
+        elif option is str:
+            return f"{current or 'x'}-changed"
+    raise AssertionError(f"no rule to change {key} (annotation {ann}); add it to SPECIAL")
+
+
+def test_every_leaf_is_read_by_a_factory_or_at_load():
+    unread = [key for key in LEAVES if not _readers(key) and key not in READ_AT_LOAD]
+    assert not unread, f"config keys read by no factory (add them to FACTORIES or refuse them): {unread}"
+
+
+def test_the_table_names_only_real_keys():
+    for name, factory in FACTORIES.items():
+        for pattern in factory.reads:
+            if pattern.endswith(".*"):
+                assert any(k.startswith(pattern[:-1]) for k in LEAVES), (name, pattern)
+            else:
+                assert pattern in LEAVES, (name, pattern)
+        for section in factory.sections:  # a component is handed sections, never the whole config
+            assert section and (section in LEAVES or any(k.startswith(section + ".") for k in LEAVES))
+
+
+@pytest.mark.parametrize(
+    "key", sorted(k for k in LEAVES if k not in {*READ_AT_LOAD, *NO_ACCEPTED_ALTERNATIVE})
+)
+def test_changing_a_key_changes_what_each_reader_receives(key):
+    extra, _ = SPECIAL.get(key, ([], None))
+    base_cfg = load_config(None, [*BASE, *extra])
+    data = copy.deepcopy(base_cfg.to_yaml_dict())
+    _set(data, key, _other_value(key, _get(data, key)))
+    changed = RunConfig.model_validate(data)
+    for name in _readers(key):
+        assert FACTORIES[name](base_cfg) != FACTORIES[name](changed), f"{name} ignores {key}"
+
+
+def test_the_preset_key_selects_the_preset_at_load():
+    assert load_config(None, [*BASE, "algo=grpo"]).algo.advantage == "grpo"
+    assert load_config(None, [*BASE, "algo.preset=spo"]).algo.advantage == "spo"
+
+
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in REFUSED_AT_LOAD.items() for v in vs])
+def test_refused_values_are_config_errors_naming_the_key(key, value):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(None, [*BASE, f"{key}={value}"])
+
+
+def test_a_key_added_to_the_schema_and_read_nowhere_fails_the_rule(monkeypatch):
+    """The rule itself: a new leaf with no reader is reported."""
+    from pydantic import Field, create_model
+
+    from sao.config import schema
+
+    section = create_model("Extra", __base__=schema.RuntimeConfig, new_knob=(int, Field(0)))
+    patched = dict(LEAVES)
+    patched.update({f"runtime.{k}": v for k, v in _leaves(section).items()})
+    monkeypatch.setattr(__import__(__name__), "LEAVES", patched, raising=False)
+    assert not _readers("runtime.new_knob") and "runtime.new_knob" not in READ_AT_LOAD
