@@ -56,7 +56,7 @@ def test_dis_gradient_equals_band_indicator_times_ratio_times_advantage(case):
 
     loss, grad, _ = _grad(lambda lp: dis_loss(lp, rollout, adv, mask, eps_low, eps_high), logprobs)
 
-    # Form 1: −mean(1[band]·r·Â), band tested on the ratio itself as SPEC §2.1 writes it.
+    # Form 1: −mean(1[band]·r·Â), band tested on the ratio itself as docs/algorithms.md (DIS) writes it.
     def indicator_form(lp):
         r = torch.exp(lp - rollout)
         band = mask & (r > 1 - eps_low) & (r < 1 + eps_high)
@@ -140,7 +140,8 @@ def test_dis_metrics_on_a_hand_case():
 
 
 def test_dis_logprob_abs_diff_reports_large_differences_unclamped():
-    # SPEC §2.1 logs mean |log π_θ − log π_rollout|; a 30-nat and a 100-nat gap are real drift to report.
+    # DIS logs mean |log π_θ − log π_rollout| (docs/algorithms.md); a 30-nat and a 100-nat gap are real
+    # drift to report.
     logprobs = _t([-31.0, -1.0, -101.0])
     rollout = _t([-1.0, -1.0, -1.0])
     _, metrics = dis_loss(

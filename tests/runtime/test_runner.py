@@ -90,6 +90,7 @@ def test_resume_continues_the_step_count_and_the_books_balance(tmp_path):
     c = resumed.counters
     assert c["trained"] == 16
     assert c["started"] == c["trained"] + c["dropped"] + c["pending"]
+    assert c["produced"] >= c["trained"]  # the producer's counters continue from the checkpoint
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps.count(3) == 1 and steps.count(4) == 1  # steps 3-4 logged once, after 1-2
 

@@ -88,12 +88,14 @@ class RunningMeanBaseline:
 
 
 class SPOTracker:
-    """SPO's per-prompt Beta tracker with KL-adaptive forgetting (Xu & Ding 2025; SPEC §3).
+    """SPO's per-prompt Beta tracker with KL-adaptive forgetting (Xu & Ding 2025; docs/algorithms.md,
+    "Baselines and ablations").
 
     Each prompt has ``Beta(α, β)``; its success estimate is ``p̂ = α/(α+β)``. For a batch:
     ``A = r − p̂`` (state before the update), z-normalised over the batch; then
     ``α ← ρα + r``, ``β ← ρβ + (1 − r)`` with ``ρ = clamp(2^(−D/D_half), ρ_min, ρ_max)`` and ``D`` the
-    policy divergence on that prompt's sample (SPEC: mean |log π_old − log π|). Rewards must lie in [0, 1].
+    policy divergence on that prompt's sample (the paper: mean |log π_old − log π|; the trainer's reading
+    is in docs/training.md, "The trainer step"). Rewards must lie in [0, 1].
 
     Unseen prompts start from ``Beta(prior_alpha, prior_beta)``. :meth:`initialize` sets a prompt from an
     offline estimate of the initial policy's success rate with ``n_eff`` pseudo-counts (default

@@ -1,8 +1,9 @@
 """Policy losses. Each is a pure function of packed ``(T,)`` tensors returning ``(loss, metrics)``.
 
-* :func:`dis_loss` — SAO's direct double-sided importance sampling (SPEC §2.1): the ratio is taken to the
-  log-prob the engine recorded while sampling, tokens outside the strict band (1−ε_low, 1+ε_high) are
-  dropped whatever the sign of the advantage, and there is no π_old and no PPO min/clip on top.
+* :func:`dis_loss` — SAO's direct double-sided importance sampling (docs/algorithms.md,
+  "DIS: direct double-sided importance sampling"): the ratio is taken to the log-prob the engine
+  recorded while sampling, tokens outside the strict band (1−ε_low, 1+ε_high) are dropped whatever the
+  sign of the advantage, and there is no π_old and no PPO min/clip on top.
 * :func:`ppo_clip_loss` — PPO's clipped surrogate against π_old with asymmetric (clip-higher) bounds.
 * :func:`positive_nll_loss` — VAPO's negative log-likelihood on positive (rewarded) trajectories.
 
@@ -43,7 +44,9 @@ def dis_loss(
     *,
     denominator: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """DIS policy loss ``−Ê_t[ sg(f(r_t)) · Â_t · log π_θ(a_t|s_t) ]`` (SPEC §2.1).
+    """DIS policy loss ``−Ê_t[ sg(f(r_t)) · Â_t · log π_θ(a_t|s_t) ]``.
+
+    The formulas are in docs/algorithms.md, "DIS: direct double-sided importance sampling".
 
     ``r_t = exp(log π_θ − log π_rollout)``; ``f(r) = r`` if ``1−ε_low < r < 1+ε_high`` (strict) else 0. It is
     computed as ``−1[band]·r·Â``, which has the same gradient. Out-of-band tokens contribute zero but stay

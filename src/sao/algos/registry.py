@@ -4,10 +4,11 @@
   AdvantageResult`` (advantages only; it reads ``state`` and never changes it) with optional
   ``make_state`` (the persistent object: running-mean history, SPO tracker), ``update_state`` (records a
   trained batch in it), ``targets`` (critic estimators: the critic's targets, computed with the critic's
-  λ, decoupled λ of SPEC §2.5, while ``fn`` uses the policy's λ) and ``sampling_weights`` (prompt
-  priorities from the state). The trainer calls :func:`estimate_advantages`, :func:`critic_targets` and
-  :func:`update_advantage_state` separately, so each GAE pass runs once and the state records a batch
-  only when it is trained on; :func:`compute_advantages` is the one-call convenience of all three.
+  λ, the decoupled λ of docs/algorithms.md, "Skip-observation GAE", while ``fn`` uses the policy's λ)
+  and ``sampling_weights`` (prompt priorities from the state). The trainer calls
+  :func:`estimate_advantages`, :func:`critic_targets` and :func:`update_advantage_state` separately, so
+  each GAE pass runs once and the state records a batch only when it is trained on;
+  :func:`compute_advantages` is the one-call convenience of all three.
 * Policy losses: ``fn(logprobs, ref_logprobs, advantages, action_mask, eps_low, eps_high, agg, cu_seqlens,
   denominator=...) -> (loss, metrics)``; ``reference`` says which log-probs ``ref_logprobs`` must be
   (``"rollout"``: recorded by the engine; ``"old"``: π_old recomputed before the update).

@@ -1,4 +1,5 @@
-"""Critic objective and diagnostics: masked value loss and explained variance (SPEC §2.3, §5)."""
+"""Critic objective and diagnostics: masked value loss and explained variance (docs/algorithms.md,
+"K critic updates per actor update" and "Critic")."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def value_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Masked MSE ``(V − R)²`` over the value-trained tokens (action tokens), optionally PPO-clipped.
 
-    Our reading of SPEC §2.3 is the unclipped MSE (``clip_eps=None``); with ``clip_eps`` the loss is
+    Our reading (docs/algorithms.md, "K critic updates per actor update") is the unclipped MSE
+    (``clip_eps=None``); with ``clip_eps`` the loss is
     ``max((V − R)², (clip(V, V_old − ε, V_old + ε) − R)²)`` as in PPO implementations (the same as
     ``V_old + clip(V − V_old, ±ε)``, but a value inside the band stays bit-identical to ``V``).
 
@@ -64,7 +66,7 @@ def value_loss(
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """``1 − Var(R − V) / Var(R)`` over the masked tokens (SPEC §5).
+    """``1 − Var(R − V) / Var(R)`` over the masked tokens (docs/algorithms.md, "Critic").
 
     1 is a perfect critic, 0 one that predicts the mean, negative worse than the mean. Returns NaN when
     the returns have no variance (the ratio is undefined) or the mask is empty.

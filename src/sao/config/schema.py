@@ -59,7 +59,7 @@ class ValuePretrainConfig(_Section):
     corpus_size: int = Field(1024, ge=1, description="Trajectories sampled from the initial policy.")
     max_steps: int = Field(200, ge=1, description="Upper bound on critic optimizer steps.")
     ev_patience: int = Field(
-        10, ge=1, description="Stop after this many steps without explained-variance improvement."
+        10, ge=1, description="Stop after this many held-out evaluations (one every 5 steps) without EV gain."
     )
     ev_min_delta: float = Field(0.01, ge=0, description="Explained-variance gain that counts as improvement.")
 
