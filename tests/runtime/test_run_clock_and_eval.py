@@ -94,7 +94,7 @@ def test_evaluation_during_training_is_logged_and_does_not_touch_the_books(tmp_p
     assert c["produced"] <= c["started"]  # eval episodes are neither produced nor started
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     evals = {r["step"]: r for r in records if "eval/pass@1" in r}
-    assert sorted(evals) == [2, 3]  # every 2 steps, and at the end (step 3)
+    assert sorted(evals) == [0, 2, 3]  # the initial weights, every 2 steps, and at the end (step 3)
     for step, record in evals.items():
         assert record["eval/samples"] == 6.0 and 0.0 <= record["eval/pass@1"] <= 1.0
         assert record["eval/held_out/pass@1"] == record["eval/pass@1"]
@@ -102,4 +102,14 @@ def test_evaluation_during_training_is_logged_and_does_not_touch_the_books(tmp_p
         assert report["step"] == step and report["overall"]["samples"] == 6
     final = evals[3]  # the final evaluation runs after training stopped: the final weights alone
     assert final["eval/policy_version_start"] == final["eval/policy_version_end"] == 3.0
-    assert evals[2]["eval/policy_version_start"] >= 2.0
+    assert evals[2]["eval/policy_version_start"] >= 2.0 and evals[0]["eval/policy_version_start"] == 0.0
+
+
+def test_a_missing_eval_file_fails_at_start_naming_the_key(tmp_path):
+    from sao.config import ConfigError
+
+    cfg = load_config(
+        None, [*_OVERRIDES, f"logging.run_dir={tmp_path}", f"data.eval_file={tmp_path}/nope.jsonl"]
+    )
+    with pytest.raises(ConfigError, match=r"data\.eval_file: .*nope\.jsonl"):
+        train_sync_entry(cfg)

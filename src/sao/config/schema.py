@@ -309,6 +309,9 @@ class EvalConfig(_Section):
     concurrency: int = Field(32, ge=1, description="Eval episodes generating at once, beside training.")
     limit: int | None = Field(None, ge=1, description="Evaluate only the first N tasks of each file.")
     seed: int = Field(0, description="Eval sampling seed (each sample's seed derives from it).")
+    at_start: bool = Field(
+        True, description="Also evaluate the initial weights (step 0) of a fresh run, beside the first steps."
+    )
 
 
 class LoggingConfig(_Section):

@@ -132,6 +132,7 @@ class EvalArgs:
     env: EnvArgs
     settings: EvalSettings
     every: int | None
+    at_start: bool = False
 
 
 @dataclass(frozen=True)

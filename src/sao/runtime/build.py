@@ -150,7 +150,7 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
         max_tokens_per_turn=engine.max_new_tokens, max_total_tokens=data.max_total_tokens,
         concurrency=eval.concurrency, env=data.env, limit=eval.limit,
     )  # fmt: skip
-    return EvalArgs(files, env_args(data), settings, logging.eval_every)
+    return EvalArgs(files, env_args(data), settings, logging.eval_every, eval.at_start)
 
 
 def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:

@@ -1,6 +1,7 @@
 """Evaluation during training: Pass@1 over ``eval.k`` samples on held-out task files, on the run's engine.
 
-Every ``logging.eval_every`` steps (and once at the end) the evaluator starts an evaluation of
+Every ``logging.eval_every`` steps, once at the end, and with ``eval.at_start`` on the initial weights of a
+fresh run (step 0), the evaluator starts an evaluation of
 ``data.eval_file`` with the weights the engine has then, as an asyncio task beside the producer: training
 and generation go on while it runs, its episodes are neither trained on nor counted as produced, and the
 engine interleaves them with training episodes. An intermediate evaluation therefore samples from the
@@ -27,7 +28,7 @@ from sao.sinks import MultiSink
 from .args import EvalArgs
 from .clock import TrainingClock
 
-__all__ = ["TrainingEvaluator", "eval_metrics"]
+__all__ = ["TrainingEvaluator", "eval_metrics", "load_eval_files"]
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,24 @@ def eval_metrics(report: dict[str, Any]) -> dict[str, float]:
     return metrics
 
 
+def load_eval_files(args: EvalArgs) -> list[TaskFile]:
+    """The held-out task files, read now so that a missing or malformed one fails the run's start."""
+    from sao.config import ConfigError
+    from sao.envs.tasks import TaskFileError
+
+    try:
+        return [load_task_file(p, args.settings.env, args.settings.limit) for p in args.files]
+    except (TaskFileError, OSError) as err:
+        raise ConfigError(f"data.eval_file: {err}") from None
+
+
 class TrainingEvaluator:
-    """See the module docstring. Task files are read at construction: a bad file fails the run's start."""
+    """See the module docstring; ``files`` from `load_eval_files`."""
 
     def __init__(
         self,
         args: EvalArgs,
+        files: list[TaskFile],
         engine: Any,
         tokenizer: Any,
         env_factory: Callable[[], Any],
@@ -64,13 +77,17 @@ class TrainingEvaluator:
         self.args, self.engine, self.tokenizer, self.env_factory = args, engine, tokenizer, env_factory
         self.sinks, self.clock = sinks, clock
         self.out_dir = Path(run_dir) / "eval"
-        limit = args.settings.limit
-        self.files: list[TaskFile] = [load_task_file(p, args.settings.env, limit) for p in args.files]
+        self.files = files
         self._tasks: dict[int, asyncio.Task[None]] = {}
 
     @property
     def enabled(self) -> bool:
         return bool(self.files)
+
+    def on_start(self) -> None:
+        """Evaluate the initial weights of a fresh run (``eval.at_start``), beside the first steps."""
+        if self.enabled and self.args.at_start and self.clock.step == 0:
+            self._launch(0)
 
     def on_step(self, step: int) -> None:
         """Start an evaluation of ``step``'s weights when ``logging.eval_every`` says so."""

@@ -33,6 +33,7 @@ from sao.types import Batch, Trajectory
 from .build import Assembly, build_env_factory, build_tasks, build_trainer
 from .clock import TrainingClock
 from .engines import EngineStartError, start_engine
+from .evaluation import TrainingEvaluator, load_eval_files
 from .observers import Books, Checkpoints, MetricsLog, StepObserver, StepRecord, WeightPush
 from .producer import Producer
 from .rollouts import collect_rollouts
@@ -75,6 +76,7 @@ class Run:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.yaml").write_text(dump_config(self.cfg))
         self.env_factory = build_env_factory(self.parts["env"])
+        self.eval_files = load_eval_files(self.parts["evaluator"])
         self.loaded = self.ckpts.load() if self.resume and self.ckpts.latest() is not None else None
         self._load_models()
         self.tasks = build_tasks(self.parts["tasks"])
@@ -118,7 +120,6 @@ class Run:
     async def _assemble(self) -> None:
         from sao.sinks import make_sinks
 
-        from .evaluation import TrainingEvaluator
         from .progress import TrainingProgress
 
         st = self.parts["staleness"]
@@ -145,8 +146,8 @@ class Run:
         loop = self.parts["loop"]
         self.progress = TrainingProgress(loop.total_steps, console=self.console, start_step=self.trainer.step)
         self.evaluator = TrainingEvaluator(
-            self.parts["evaluator"], self.engine, self.tokenizer, self.env_factory, self.sinks, self.run_dir,
-            self.clock,
+            self.parts["evaluator"], self.eval_files, self.engine, self.tokenizer, self.env_factory,
+            self.sinks, self.run_dir, self.clock,
         )  # fmt: skip
         self.observers: list[StepObserver] = [
             WeightPush(self.engine, self.actor),
@@ -213,6 +214,7 @@ class Run:
         try:
             if self.pre_metrics:
                 self.sinks.log(0, self.pre_metrics)
+            self.evaluator.on_start()
             with self.progress:
                 while self.trainer.step < self.parts["loop"].total_steps:
                     record = await self._train_one()
