@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from sao.algos import registry
+from sao.algos import estimators
 from sao.algos.baselines import RunningMeanBaseline, SPOTracker
 from sao.algos.gae import length_adaptive_lambda, skip_observation_gae, step_gae, token_gae
 from sao.algos.group import grpo_advantages
@@ -370,13 +370,13 @@ def test_critic_targets_need_values():
 @pytest.mark.parametrize("name", ["skip_observation_gae", "token_gae", "step_gae"])
 def test_gae_family_runs_one_gae_pass_in_fn_and_one_in_targets(monkeypatch, name):
     calls: list[object] = []
-    real = getattr(registry, name)
+    real = getattr(estimators, name)
 
     def counting(*args, **kwargs):
         calls.append(args[5])  # λ
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(registry, name, counting)
+    monkeypatch.setattr(estimators, name, counting)
     params = AdvantageParams(lam_policy=0.3, lam_critic=0.9)
     estimate_advantages(name, _batch(), params)
     assert calls == [0.3]

@@ -1,10 +1,12 @@
 """The SAO algorithm library: pure tensor functions on the packed layout, registered by name.
 
 Advantage estimators (``gae``, ``group``, ``baselines``), policy losses (``losses``), the value loss and
-explained variance (``value``), masked reductions (``aggregate``), and the registries (``registry``).
+explained variance (``value``), masked reductions (``aggregate``), the registries (``registry``) and the
+built-in entries in them (``estimators``).
 Nothing here touches models, engines or I/O.
 """
 
+from . import estimators  # noqa: F401  (registers the built-in estimators and losses)
 from .aggregate import AGG_MODES, aggregate, masked_mean, masked_var, masked_whiten
 from .baselines import RunningMeanBaseline, SPOTracker
 from .gae import length_adaptive_lambda, response_mask, skip_observation_gae, step_gae, step_spans, token_gae

@@ -200,17 +200,21 @@ def load_env_class(source: str) -> Callable[..., Env]:
         raise EnvError(f"{path_or_module!r} has no attribute {attr!r}") from None
 
 
+def _factory(name_or_source: str) -> Callable[..., Env]:
+    """The env class or factory of a registered name or a ``file.py:Class`` / ``module:Class`` source."""
+    if ":" in name_or_source:
+        return load_env_class(name_or_source)
+    _load_builtins()
+    try:
+        return ENV_REGISTRY[name_or_source]
+    except KeyError:
+        known = ", ".join(sorted(ENV_REGISTRY)) or "none"
+        raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
+
+
 def make_env(name_or_source: str, **kwargs: Any) -> Env:
     """Build an environment from a registered name or a ``file.py:Class`` / ``module:Class`` source."""
-    if ":" in name_or_source:
-        factory = load_env_class(name_or_source)
-    else:
-        _load_builtins()
-        try:
-            factory = ENV_REGISTRY[name_or_source]
-        except KeyError:
-            known = ", ".join(sorted(ENV_REGISTRY)) or "none"
-            raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
+    factory = _factory(name_or_source)
     try:
         env = factory(**kwargs)
     except (TypeError, ValueError) as err:  # wrong or invalid constructor arguments
@@ -226,17 +230,9 @@ def make_env(name_or_source: str, **kwargs: Any) -> Env:
 
 def _task_source(name_or_source: str) -> TaskSource | None:
     """The env's task generator: the registered ``tasks=``, else the class's ``make_tasks`` attribute."""
-    if ":" in name_or_source:
-        factory = load_env_class(name_or_source)
-    else:
-        _load_builtins()
-        try:
-            factory = ENV_REGISTRY[name_or_source]
-        except KeyError:
-            known = ", ".join(sorted(ENV_REGISTRY)) or "none"
-            raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
-        if name_or_source in ENV_TASKS:
-            return ENV_TASKS[name_or_source]
+    factory = _factory(name_or_source)
+    if ":" not in name_or_source and name_or_source in ENV_TASKS:
+        return ENV_TASKS[name_or_source]
     source = getattr(factory, "make_tasks", None)
     return source if callable(source) else None
 

@@ -357,7 +357,7 @@ class Trainer:
             }
         )
         if divergence is not None:
-            metrics["spo/divergence_mean"] = float(divergence.mean())
+            metrics[f"{algo.advantage}/divergence_mean"] = float(divergence.mean())  # spo/divergence_mean
         return metrics
 
     def _logprobs(self, part: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
