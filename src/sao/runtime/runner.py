@@ -84,6 +84,8 @@ class Run:
         try:  # from here on the engine (maybe a server or a child process) is closed whatever happens
             await self._assemble()
         except BaseException:
+            if getattr(self, "sinks", None) is not None:
+                self.sinks.close()
             await self.engine.close()
             raise
 
