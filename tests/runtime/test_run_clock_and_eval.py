@@ -113,3 +113,18 @@ def test_a_missing_eval_file_fails_at_start_naming_the_key(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"data\.eval_file: .*nope\.jsonl"):
         train_sync_entry(cfg)
+
+
+def test_evaluations_of_a_shifting_env_see_the_progress_at_their_start(tmp_path):
+    from sao.envs import make_env_tasks, save_tasks_jsonl
+
+    held_out = tmp_path / "held_out.jsonl"
+    save_tasks_jsonl(held_out, make_env_tasks("style_shift", 2, seed=5))
+    run = tmp_path / "run"
+    cfg = load_config(None, [*_OVERRIDES, *STYLE, f"logging.run_dir={run}", "trainer.total_steps=4",
+                             f"data.eval_file={held_out}", "logging.eval_every=2", "eval.k=1"])  # fmt: skip
+    train_sync_entry(cfg)
+    for step, style in [(0, "cute"), (2, "chuunibyou"), (4, "classical")]:  # trained: 0, 8, 16
+        report = json.loads((run / "eval" / f"step_{step:08d}.json").read_text())
+        infos = [s["info"] for t in report["tasks"] for s in t["samples"]]
+        assert infos and all(i["clock"] == "training" and i["style"] == style for i in infos), (step, infos)

@@ -100,8 +100,9 @@ class Env(Protocol):
     Optional method ``set_training_progress(progress: TrainingProgress) -> None``: for envs whose
     behaviour depends on where training stands (a curriculum, a preference that shifts during training,
     e.g. `sao.envs.style_shift`). A training run calls it (through `notify_training_progress`) on the
-    fresh env right before ``reset`` of every training episode, with the progress at that moment; it is
-    never called for evaluation episodes, so an env must behave sensibly without it.
+    fresh env right before ``reset`` of every training episode, with the progress at that moment, and of
+    every episode of its held-out evaluations, with the progress when the evaluation started; `sao eval`
+    never calls it, so an env must behave sensibly without it.
     """
 
     max_turns: int

@@ -10,8 +10,9 @@ final one runs after the producer stopped, on the final weights alone.
 
 Results go to the metric sinks at the step they measure (``eval/pass@1``, ``eval/pass@k``,
 ``eval/mean_reward``, ``eval/errors``, and per task file ``eval/<file stem>/pass@1``), and the full report
-to ``run_dir/eval/step_<step>.json`` beside the checkpoints. An evaluation that fails is reported on the
-console and as ``eval/failed``; it never stops the run.
+to ``run_dir/eval/step_<step>.json`` beside the checkpoints. Envs that follow training
+(``set_training_progress``) see the progress at the evaluation's start. An evaluation that fails is
+reported on the console and as ``eval/failed``; it never stops the run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sao.envs.base import notify_training_progress
 from sao.eval import TaskFile, evaluate, load_task_file, write_report
 from sao.sinks import MultiSink
 
@@ -114,9 +116,16 @@ class TrainingEvaluator:
 
     async def _evaluate(self, step: int) -> None:
         start = self.clock.get_version()
+        progress = self.clock.progress()
+
+        def make_env() -> Any:  # an env that follows training sees where it stood when this evaluation began
+            env = self.env_factory()
+            notify_training_progress(env, progress)
+            return env
+
         try:
             report = await evaluate(
-                self.engine, self.tokenizer, self.files, self.args.settings, env_factory=self.env_factory
+                self.engine, self.tokenizer, self.files, self.args.settings, env_factory=make_env
             )
         except asyncio.CancelledError:
             raise
