@@ -109,3 +109,38 @@ def test_too_stale_trajectories_are_dropped_and_counted(engine, tiny_tokenizer):
         assert mgr.stats().drops_by_reason.get("too_stale", 0) >= 4
 
     asyncio.run(scenario())
+
+
+def test_training_progress_reaches_each_fresh_env_and_a_failing_hook_costs_only_its_episode(
+    engine, tiny_tokenizer
+):
+    from sao.envs.base import TrainingProgress
+
+    seen: list[TrainingProgress] = []
+
+    def make():
+        env = make_env("calculator")
+        if len(seen) % 2:  # every other env's hook raises
+
+            def broken(progress):
+                seen.append(progress)
+                raise RuntimeError("hook bug")
+
+            env.set_training_progress = broken
+        else:
+            env.set_training_progress = seen.append
+        return env
+
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=4, staleness=1)
+    producer.make_env = make
+    producer.progress = lambda: TrainingProgress(step=3, trained_trajectories=12)
+
+    async def scenario():
+        await _run_until(
+            producer, lambda: queue.qsize() >= 2 and producer.counters["dropped/episode_error"] >= 2
+        )
+
+    asyncio.run(scenario())
+    assert seen and all(p == TrainingProgress(3, 12) for p in seen)
+    s = mgr.stats()
+    assert s.started == s.trained + s.dropped + s.pending  # the failed episodes are counted, not lost

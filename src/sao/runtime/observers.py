@@ -20,8 +20,6 @@ from typing import Any, Protocol
 
 from sao.types import Batch
 
-from .clock import TrainingClock
-
 __all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush"]
 
 
@@ -56,14 +54,8 @@ class WeightPush:
 class Books:
     """Trajectory accounting after a step, and the runtime metrics derived from it."""
 
-    def __init__(self, staleness: Any, producer: Any, queue: Any, engine: Any, clock: TrainingClock) -> None:
-        self.staleness, self.producer, self.queue, self.engine, self.clock = (
-            staleness,
-            producer,
-            queue,
-            engine,
-            clock,
-        )
+    def __init__(self, staleness: Any, producer: Any, queue: Any, engine: Any) -> None:
+        self.staleness, self.producer, self.queue, self.engine = staleness, producer, queue, engine
         self.started_at = time.monotonic()
         self.waited = 0.0
 

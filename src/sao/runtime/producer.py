@@ -109,7 +109,13 @@ class Producer:
     async def _episode(self, start: Start, index: int) -> Trajectory | None:
         env = self.make_env()
         if self.progress is not None:
-            notify_training_progress(env, self.progress())
+            try:
+                notify_training_progress(env, self.progress())
+            except Exception as err:  # a user env's hook that raises costs this episode, not the run
+                log.warning("episode of task %s: set_training_progress failed: %s", start.task.id, err)
+                with contextlib.suppress(Exception):
+                    await env.close()
+                return None
         try:
             return await run_episode(
                 self.engine, self.tokenizer, env, start.task, self.loop_cfg,

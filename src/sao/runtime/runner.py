@@ -153,7 +153,7 @@ class Run:
         )  # fmt: skip
         self.observers: list[StepObserver] = [
             WeightPush(self.engine, self.actor),
-            Books(self.staleness, self.producer, self.queue, self.engine, self.clock),
+            Books(self.staleness, self.producer, self.queue, self.engine),
             MetricsLog(self.sinks, self.progress),
             Checkpoints(self._save_checkpoint, self.parts["checkpoints"].every, loop.total_steps),
         ]
@@ -161,7 +161,7 @@ class Run:
     def _sampler(self) -> PromptSampler:
         args = self.parts["sampler"]
         weights = None
-        if args.prioritized and self.trainer.estimator.sampling_weights is not None:
+        if args.prioritized and self.trainer.prioritizes_prompts:
             weights = self.trainer.sampling_weights
         return PromptSampler(self.tasks, group_size=args.group_size, seed=args.seed, weights=weights)
 
@@ -227,7 +227,7 @@ class Run:
             self.producer.stop()
             await producing
             await self.evaluator.finish(self.trainer.step)  # the final evaluation has the engine to itself
-        finally:
+        finally:  # on any exit (stop and await are no-ops when the producer already ended)
             self.producer.stop()
             await producing
             self.evaluator.cancel()

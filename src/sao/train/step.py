@@ -144,6 +144,11 @@ class Trainer:
         self.old_logprob_forwards = 0
         self.trained_tokens = 0
 
+    @property
+    def prioritizes_prompts(self) -> bool:
+        """Whether the estimator's state gives prompt priorities (`sampling_weights`)."""
+        return self.estimator.sampling_weights is not None
+
     def sampling_weights(self, prompt_ids: list[str]) -> list[float] | None:
         """Prompt priorities from the estimator's state (SPO's √(p̂(1−p̂)) + floor), None without them."""
         weights = prompt_sampling_weights(self.algo.advantage, self.adv_state, prompt_ids)
