@@ -332,6 +332,15 @@ class LoggingConfig(_Section):
     keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
 
 
+def value_pretrain_enabled(algo: AlgoConfig, critic: CriticConfig) -> bool:
+    """Whether to pretrain the critic: critic.pretrain.enabled if set, else the preset's choice
+    (``algo.value_pretrain``); never without a critic."""
+    if not algo.uses_critic:
+        return False
+    enabled = critic.pretrain.enabled
+    return algo.value_pretrain if enabled is None else enabled
+
+
 class RunConfig(_Section):
     """A whole run: every section plus a name."""
 
@@ -365,11 +374,8 @@ class RunConfig(_Section):
 
     @property
     def value_pretrain_enabled(self) -> bool:
-        """Whether to pretrain the critic: critic.pretrain.enabled if set, else the preset's choice."""
-        if not self.algo.uses_critic:
-            return False
-        enabled = self.critic.pretrain.enabled
-        return self.algo.value_pretrain if enabled is None else enabled
+        """Whether to pretrain the critic (`value_pretrain_enabled` of the algo and critic sections)."""
+        return value_pretrain_enabled(self.algo, self.critic)
 
     def to_yaml_dict(self) -> dict[str, Any]:
         """Plain data (str/int/float/bool/None/list/dict) in field order, ready for yaml.safe_dump."""

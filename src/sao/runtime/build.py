@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from sao.config import (
     RuntimeConfig,
     TrainerConfig,
 )
+from sao.config.schema import value_pretrain_enabled
 from sao.envs.base import Env, EnvError, Task, make_env
 from sao.eval import EvalSettings
 from sao.rollout.agent_loop import AgentLoopConfig
@@ -121,7 +122,7 @@ def value_pretrain_args(
     from sao.train.value_pretrain import ValuePretrainOptions
 
     pre = critic.pretrain
-    enabled = algo.uses_critic and (algo.value_pretrain if pre.enabled is None else pre.enabled)
+    enabled = value_pretrain_enabled(algo, critic)
     options = ValuePretrainOptions(
         corpus_size=pre.corpus_size, max_steps=pre.max_steps, ev_patience=pre.ev_patience,
         ev_min_delta=pre.ev_min_delta, lr=critic.lr, batch_size=min(32, pre.corpus_size),
@@ -140,11 +141,8 @@ def sink_args(logging: LoggingConfig, name: str) -> SinkArgs:
 
 
 def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig) -> EvalArgs:
-    files = (
-        ()
-        if data.eval_file is None
-        else tuple([data.eval_file] if isinstance(data.eval_file, str) else data.eval_file)
-    )
+    files = data.eval_file or ()
+    files = (files,) if isinstance(files, str) else tuple(files)
     settings = EvalSettings(
         k=eval.k, seed=eval.seed, temperature=eval.temperature, top_p=eval.top_p, max_turns=data.max_turns,
         max_tokens_per_turn=engine.max_new_tokens, max_total_tokens=data.max_total_tokens,
@@ -282,15 +280,6 @@ def build_tasks(args: TaskArgs) -> list[Task]:
         raise ConfigError(f"data.train_file: not set, and {err}") from None
 
 
-@dataclass
-class Assembly:
-    """Every factory's arguments for one run config (what `Run` builds its components from)."""
-
-    args: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> Assembly:
-        return cls({name: factory(cfg) for name, factory in FACTORIES.items()})
-
-    def __getitem__(self, name: str) -> Any:
-        return self.args[name]
+def assemble(cfg: RunConfig) -> dict[str, Any]:
+    """Every factory's arguments for one run config, by factory name (what `Run` builds from)."""
+    return {name: factory(cfg) for name, factory in FACTORIES.items()}

@@ -30,7 +30,7 @@ from sao.config import ConfigError, RunConfig, dump_config
 from sao.sinks import METRICS_FILE
 from sao.types import Batch, Trajectory
 
-from .build import Assembly, build_env_factory, build_tasks, build_trainer
+from .build import assemble, build_env_factory, build_tasks, build_trainer
 from .clock import TrainingClock
 from .engines import EngineStartError, start_engine
 from .evaluation import TrainingEvaluator, load_eval_files
@@ -58,7 +58,7 @@ class Run:
 
     def __init__(self, cfg: RunConfig, *, resume: bool = False, console: Console | None = None) -> None:
         self.cfg, self.resume = cfg, resume
-        self.parts = Assembly.of(cfg)
+        self.parts = assemble(cfg)
         self.console = console or Console(stderr=True)
         self.run_dir = self.parts["checkpoints"].run_dir
         self.clock = TrainingClock()
