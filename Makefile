@@ -17,14 +17,14 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: sandbox-deps $(VENV)/.installed
 
-# bubblewrap gives model-written code its strongest sandbox (sao.envs.sandbox); without it a weaker mode runs.
+# bubblewrap sandboxes model-written code (sao.envs.sandbox); without it, envs that run code refuse to start.
 .PHONY: sandbox-deps
 sandbox-deps:
 	@if command -v bwrap >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 		(apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap)) \
-			>/dev/null 2>&1 || echo "note: could not install bubblewrap; sandboxed code gets a weaker mode"; \
-	else echo "note: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap) for the strongest sandbox"; fi
+			>/dev/null 2>&1 || echo "warning: could not install bubblewrap; math_tir and code_tests will refuse to start"; \
+	else echo "warning: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap), else math_tir and code_tests refuse to start (SAO_SANDBOX_MODE=unshare|rlimits: weaker, trusted code only)"; fi
 
 # The CPU quickstart (about 5 minutes on 2 cores): build a ~2M-parameter Qwen3-MoE, warm-start it by SFT on
 # calculator-tool conversations, measure it on held-out tasks, train it with asynchronous SAO (critic

@@ -2,16 +2,21 @@
 fork bombs, memory and output bombs, escapes, network, killing the caller, leftover processes), each of
 which must come back as a result while this test process carries on.
 
-The adversarial tests run in every mode that works here (``SAO_SANDBOX_MODE``) and skip, with the reason,
-what a mode does not guarantee.
+The adversarial tests here run in every mode that works here (forced with ``SAO_SANDBOX_MODE``) and skip,
+with the reason, what a mode does not guarantee; test_sandbox_adversarial.py attacks the default mode.
+Also: the default never falls back to a weaker mode, and bwrap's minimal root wherever the interpreter is.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -19,7 +24,19 @@ from pathlib import Path
 
 import pytest
 
-from sao.envs.sandbox import MODES, Sandbox, SandboxResult, _isolation, run_code, sandbox_mode
+import sao.envs.sandbox as sandbox_module
+import sao.envs.sandbox_exec as sandbox_exec
+from sao.envs import EnvError, make_env
+from sao.envs.math_tir import MathTIREnv
+from sao.envs.sandbox import (
+    MODES,
+    Sandbox,
+    SandboxResult,
+    SandboxUnavailableError,
+    _isolation,
+    run_code,
+    sandbox_mode,
+)
 from sao.envs.sandbox_exec import isolation_for
 
 MODE = sandbox_mode()
@@ -200,6 +217,80 @@ def test_forcing_an_unknown_mode_is_an_error(monkeypatch: pytest.MonkeyPatch) ->
         sandbox_mode()
 
 
+# --- no silent fallback to a weaker mode -----------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_probes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Probe the modes anew, with only ``tmp_path/bin`` (returned) and python's dir on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "env", "sh"):  # what runs need, but not bwrap or unshare
+        (bin_dir / tool).symlink_to(subprocess.check_output(["which", tool], text=True).strip())
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("SAO_SANDBOX_MODE", raising=False)
+    monkeypatch.setattr(sandbox_exec, "_probed", {})
+    monkeypatch.setattr(sandbox_exec, "_failures", {})
+    monkeypatch.setattr(sandbox_module, "_announced", set())
+    return bin_dir
+
+
+def test_without_bwrap_code_running_refuses_instead_of_falling_back(fresh_probes: Path) -> None:
+    for attempt in (sandbox_mode, Sandbox, lambda: run_code("print(1)")):
+        with pytest.raises(SandboxUnavailableError) as err:
+            attempt()
+        message = str(err.value)
+        assert "bubblewrap is not installed" in message and "apt-get install bubblewrap" in message
+        assert "SAO_SANDBOX_MODE=unshare" in message and "SAO_SANDBOX_MODE=rlimits" in message
+    for build in (MathTIREnv, lambda: make_env("code_tests")):
+        with pytest.raises(EnvError, match="apt-get install bubblewrap"):
+            build()
+    from sao.config import ConfigError
+    from sao.runtime.args import EnvArgs
+    from sao.runtime.build import build_env_factory
+
+    with pytest.raises(ConfigError, match=r"runs model-written code.*apt-get install bubblewrap"):
+        build_env_factory(EnvArgs("math_tir", {}))  # a run fails at start-up
+
+
+def test_a_failing_bwrap_probe_is_reported_with_its_stderr(fresh_probes: Path) -> None:
+    fake = fresh_probes / "bwrap"
+    fake.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    with pytest.raises(SandboxUnavailableError) as err:
+        Sandbox()
+    message = str(err.value)
+    assert "bwrap: setting up uid map: Permission denied" in message and "user namespaces" in message
+    assert "SAO_SANDBOX_MODE=rlimits" in message
+
+
+def test_a_weak_mode_runs_only_when_asked_for_and_says_so(
+    fresh_probes: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SAO_SANDBOX_MODE", "rlimits")
+    with caplog.at_level(logging.INFO, logger="sao.envs.sandbox"):
+        assert run_code("print(6 * 7)", **SMALL).stdout == "42\n"
+        assert MathTIREnv().sandbox_mode == "rlimits"
+    [record] = caplog.records  # once per process, not per run
+    assert record.levelno == logging.WARNING and "rlimits" in record.getMessage()
+    monkeypatch.setenv("SAO_SANDBOX_MODE", "unshare")
+    with pytest.raises(SandboxUnavailableError, match=r"SAO_SANDBOX_MODE=unshare.*not installed"):
+        sandbox_mode()  # a forced mode that cannot run is an error too
+
+
+@needs_bwrap
+def test_the_mode_is_logged_once_and_exposed_by_the_envs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sandbox_module, "_announced", set())
+    with caplog.at_level(logging.INFO, logger="sao.envs.sandbox"):
+        run_code("print(1)", **SMALL)
+        run_code("print(2)", **SMALL)
+        envs = [MathTIREnv(), make_env("code_tests")]
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == ["sandbox mode: bwrap"]
+    assert [env.sandbox_mode for env in envs] == ["bwrap", "bwrap"]
+
+
 # --- adversarial code, in every mode that works here -----------------------------------------------------
 
 
@@ -334,3 +425,52 @@ def test_private_uid_cannot_write_the_callers_files(mode: str) -> None:
 def test_the_interpreter_is_the_callers(mode: str) -> None:
     res = run_code("import sys\nprint(sys.executable)", **SMALL)
     assert res.stdout.strip() == sys.executable
+
+
+# --- bwrap's minimal root --------------------------------------------------------------------------------
+
+
+@needs_bwrap
+def test_the_bwrap_root_holds_the_system_and_the_interpreter_only() -> None:
+    code = (
+        "import importlib.util, json, os, sqlite3, ssl, numpy\n"
+        "print(json.dumps([os.listdir('/'), os.listdir('/etc'), importlib.util.find_spec('sao') is None]))\n"
+    )
+    res = run_code(code, **SMALL)
+    assert res.exit_code == 0, res  # the standard library and installed packages import
+    top, etc, no_sao = json.loads(res.stdout)
+    system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr"}
+    # besides: the first dirs of the interpreter's paths and of the scratch dir, nothing of the host
+    needed = {Path(p).parts[1] for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, tempfile.gettempdir())}
+    assert set(top) - system <= needed, top
+    assert "shadow" not in etc and "passwd" in etc
+    assert no_sao  # sandboxed code does not get sao's own source
+
+
+@needs_bwrap
+@pytest.mark.parametrize("private_parent", [False, True], ids=["open-parent", "private-parent"])
+def test_an_interpreter_under_tmp_gets_bwrap(private_parent: bool) -> None:
+    """A virtualenv under /tmp (a checkout cloned there: its dirs 0755; or under a 0700 dir) still gets the
+    strong mode though each run has a private /tmp, and the rest of the host's /tmp stays hidden."""
+    parent = Path(tempfile.mkdtemp(prefix="sao-venv-", dir="/tmp"))
+    try:
+        parent.chmod(0o700 if private_parent else 0o755)
+        venv = parent / "venv"
+        subprocess.run(
+            [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", venv], check=True
+        )
+        secret = parent / "secret.txt"
+        secret.write_text("hidden")
+        secret.chmod(0o644)
+        inner = f"import os, sys\nprint(sys.prefix)\nprint(os.path.exists({str(secret)!r}))"
+        script = (
+            "from sao.envs.sandbox import run_code, sandbox_mode\n"
+            f"print(sandbox_mode())\nres = run_code({inner!r})\nprint(res.stdout + res.stderr)\n"
+        )
+        env = {k: v for k, v in os.environ.items() if k != "SAO_SANDBOX_MODE"}
+        env["PYTHONPATH"] = str(REPO / "src")  # for this process; the sandboxed one needs no sao
+        python = str(venv / "bin" / "python")
+        out = subprocess.run([python, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+        assert out.stdout.split() == ["bwrap", str(venv), "False"], out
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

@@ -21,7 +21,8 @@ A malformed call, an unknown tool, a bad argument or a failing tool is an ``erro
 turn without any call gets a ``role: user`` nudge. After ``submit``, or on the turn that reaches
 ``max_turns``, the hidden tests are copied into the sandbox (overwriting same-named files) and run with
 ``test_command``; the reward is 1 if it exits 0 within ``test_timeout_s``, else 0. The hidden tests never
-exist in the sandbox before that final run, so the model cannot read them.
+exist in the sandbox before that final run, and the task file is outside the sandbox's minimal root (see
+`sao.envs.sandbox`), so the model cannot read them.
 
 Limitation: the tests run next to the model's code, so code that sabotages the test runner (for example a
 module shadowing ``unittest``) could pass them; use a runner that checks its own output if that matters.
@@ -34,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
-from sao.envs.sandbox import Sandbox
+from sao.envs.sandbox import Sandbox, require_sandbox
 from sao.envs.tools import ToolCall, parse_tool_calls, tool_message
 
 __all__ = ["CODE_TESTS_SYSTEM_PROMPT", "CODE_TOOLS", "DEFAULT_TEST_COMMAND", "CodeTestsEnv"]
@@ -103,7 +104,10 @@ def _task_parts(task: Task) -> tuple[dict[str, str], dict[str, str], str]:
 
 @register_env("code_tests")
 class CodeTestsEnv:
-    """A coding task graded by hidden tests; see the module docstring."""
+    """A coding task graded by hidden tests; see the module docstring.
+
+    Construction raises `sao.envs.base.EnvError` when no sandbox works here (see `require_sandbox`);
+    ``sandbox_mode`` is the mode the code runs in."""
 
     def __init__(
         self,
@@ -125,6 +129,7 @@ class CodeTestsEnv:
         self.max_read_bytes = max_read_bytes
         self.system_prompt = system_prompt
         self.tools = CODE_TOOLS  # the agent loop hands them to the chat template
+        self.sandbox_mode: str = require_sandbox("code_tests")
         self._sandbox: Sandbox | None = None
         self._tests: dict[str, str] = {}
         self._test_command = DEFAULT_TEST_COMMAND

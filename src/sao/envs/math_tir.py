@@ -22,7 +22,7 @@ import asyncio
 from typing import Any
 
 from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
-from sao.envs.sandbox import run_code
+from sao.envs.sandbox import require_sandbox, run_code
 from sao.envs.tools import extract_boxed, extract_python_blocks, tool_message
 from sao.envs.verify import verify_answer
 
@@ -41,7 +41,10 @@ NUDGE = (
 
 @register_env("math_tir")
 class MathTIREnv:
-    """Math with a Python tool; see the module docstring. ``system_prompt=None`` sends no system turn."""
+    """Math with a Python tool; see the module docstring. ``system_prompt=None`` sends no system turn.
+
+    Construction raises `sao.envs.base.EnvError` when no sandbox works here (see `require_sandbox`);
+    ``sandbox_mode`` is the mode the code runs in."""
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class MathTIREnv:
         self.max_output_chars = max_output_chars
         self.max_code_blocks = max_code_blocks
         self.system_prompt = system_prompt
+        self.sandbox_mode: str = require_sandbox("math_tir")
         self._task: Task | None = None
         self._turns = 0
 

@@ -1,76 +1,111 @@
 """Running model-written code: `run_code` (one shot) and `Sandbox` (a scratch dir kept across the turns of
 an episode). Nothing the code does raises: timeouts, crashes, memory and output overruns all come back as
 a `SandboxResult`, which `SandboxResult.as_observation` turns into text for the model. Only bad arguments
-from the caller raise.
+from the caller raise, and `SandboxUnavailableError` when the sandbox cannot run here.
+
+The mode is ``bwrap`` (bubblewrap). It never silently falls back to a weaker one: where bwrap is missing
+or cannot run, `sandbox_mode`, `Sandbox` and `run_code` raise `SandboxUnavailableError` saying why and how
+to fix it, and the environments that run model code (math_tir, code_tests) refuse to be built
+(`require_sandbox`), so a run fails at start-up. ``SAO_SANDBOX_MODE=unshare`` or ``=rlimits`` opts into a
+weaker mode, for trusted code only. The mode in use is logged once per process (logger
+``sao.envs.sandbox``: info for bwrap, a warning for a weaker mode), is each result's ``mode``, and the
+code-running envs' ``sandbox_mode`` attribute; ``python -c "from sao.envs.sandbox import sandbox_mode;
+print(sandbox_mode())"`` checks a machine.
 
 Every run, in every mode, gets: its own session and process group; a wall-clock timeout after which the
 whole run is SIGKILLed; RLIMIT_CPU (timeout + 1 s), RLIMIT_AS (``memory_mb``: virtual memory, so libraries
 that reserve large address ranges need more), RLIMIT_FSIZE (64 MiB per file), RLIMIT_CORE 0,
 RLIMIT_NOFILE 1024 and RLIMIT_NPROC 64; no-new-privileges (setuid binaries grant nothing); stdout and
-stderr read as they come, the run killed once they pass ``output_limit`` bytes together; a scrubbed
-environment (PATH with sao's interpreter as ``python`` first, HOME = the scratch dir, TMPDIR, locale, a
-marker variable; none of the caller's variables, so no tokens); and before the call returns, every process
-the run started is killed (found by process group, private uid, pid namespace or marker), so no background
-process outlives its run.
+stderr read as they come, the run killed once they pass ``output_limit`` bytes together (the caller never
+holds more); a scrubbed environment (PATH with sao's interpreter as ``python`` first, HOME = the scratch
+dir, TMPDIR, locale, a marker variable; none of the caller's variables, so no tokens); and before the call
+returns, every process the run started is killed (found by process group, private uid, pid namespace or
+marker), so no background process outlives its run.
 
 When sao runs as root, each sandbox runs as a private, otherwise unused uid: its processes cannot signal or
 trace the caller or other sandboxes, cannot write root's files, and RLIMIT_NPROC (which the kernel never
-enforces for uid 0) counts exactly the sandbox's own processes. Where that uid cannot reach the interpreter
-(a pyenv under /root), bwrap replaces each untraversable dir on the way with a tmpfs holding just the needed
-subdir, read-only; the other modes let the uid keep CAP_DAC_READ_SEARCH (it may read any file, as a root
-run could). As non-root, bwrap and unshare run in a user namespace, where RLIMIT_NPROC also counts only the
-run's own processes.
+enforces for uid 0) counts exactly the sandbox's own processes. As non-root, bwrap and unshare run in a
+user namespace, where RLIMIT_NPROC also counts only the run's own processes.
 
-Modes (`sandbox_mode` picks the strongest that works here; ``SAO_SANDBOX_MODE`` forces a given one):
+Modes:
 
-- ``bwrap`` (bubblewrap; ``make install`` installs it when root): the host filesystem is bound read-only;
-  the scratch dir is the only writable host path, besides a private size-capped /tmp and /dev/shm (tmpfs,
-  fresh for each run); new network (loopback only: no host ports, no internet, no DNS), pid, ipc and uts
-  namespaces; ``--die-with-parent`` and a new session; capabilities dropped. Ending a run ends its pid
-  namespace, so nothing it forked survives. Credential files under $HOME (~/.ssh, ~/.aws, the Hugging Face
-  token, ...) are masked, but the rest of the host filesystem stays readable: reads are not confined.
-- ``unshare`` (util-linux; when bwrap is missing or refused): a new network namespace (no network) and,
-  where permitted, a pid namespace with its own /proc (the code can neither see nor signal host processes,
-  and its processes end with the run). No filesystem isolation: the code can write wherever its uid may (as
-  the private uid of a root sao, only world-writable places such as /tmp).
-- ``rlimits``: only the resource limits, the kill and the scrubbed environment; no filesystem and no
-  network isolation. As non-root the code runs as the caller's own user: it can read and write the caller's
-  files, signal the caller's processes and read their environments through /proc, a process that clears
-  its environment and daemonises escapes the final kill, and RLIMIT_NPROC counts all the user's processes
-  (it is set to their current count + 64). For trusted code, or inside a container that is the sandbox.
+- ``bwrap`` (the default; ``make install`` installs bubblewrap when root): a minimal root
+  (`sao.envs.sandbox_root`) holding only read-only binds of /usr, /bin, /sbin, /lib*, a few /etc files
+  (no shadow), and sao's interpreter (its prefixes, standard library and site-packages, wherever they are,
+  /tmp and /root included); fresh /dev, /proc (of the run's own pid namespace), size-capped /tmp and
+  /dev/shm; the scratch dir the only writable host path. The rest of the host does not exist inside: no
+  /home, /root, /work, /srv, /var, /mnt, no project checkout, task file, data or checkpoint, no credentials,
+  not sao's own source (sandboxed code cannot import sao). New network (loopback only: no host ports, no
+  internet, no DNS), pid, ipc and uts namespaces; ``--die-with-parent`` and a new session; capabilities
+  dropped. Ending a run ends its pid namespace, so nothing it forked survives.
+- ``unshare`` (opt-in; util-linux): a new network namespace (no network) and, where permitted, a pid
+  namespace with its own /proc (the code can neither see nor signal host processes, and its processes end
+  with the run). No filesystem isolation: the code reads and writes whatever its uid may (the private uid
+  of a root sao writes only world-writable places such as /tmp, but reads every file when it keeps
+  CAP_DAC_READ_SEARCH, which it does where the interpreter is out of its reach, e.g. a pyenv in /root).
+- ``rlimits`` (opt-in): only the resource limits, the kill and the scrubbed environment; no filesystem and
+  no network isolation. As non-root the code runs as the caller's own user: it can read and write the
+  caller's files, signal the caller's processes and read their environments through /proc, a process that
+  clears its environment and daemonises escapes the final kill, and RLIMIT_NPROC counts all the user's
+  processes (it is set to their current count + 64). For trusted code, or inside a container that is the
+  sandbox.
 
 Not bounded in any mode: the scratch dir's total disk use (each file is capped, their number is not; the
-timeout bounds how much a run can write), the CPU share of a run (no cgroups), and memory summed over a
-run's processes (the cap is per process, for at most 64 processes). As root without a usable private uid
-(none free in the uid map), RLIMIT_NPROC is not enforced, and in rlimits mode the code can kill the caller.
+timeout bounds how much a run can write), the CPU share of a run (no cgroups: a run uses up to all cores
+until its timeout), memory summed over a run's processes (the cap is per process, for at most 64
+processes), and /tmp's tmpfs counts against host memory up to ``memory_mb``. The kernel is shared: a
+kernel exploit escapes any mode. What bwrap shows is still readable: the interpreter's installed packages
+and the system dirs. As root without a usable private uid (none free in the uid map), RLIMIT_NPROC is not
+enforced (a warning says so at start), and in rlimits mode the code can kill the caller.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
 import signal
 import stat
 import sys
+import threading
 import uuid
 import weakref
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from sao.envs.base import EnvError
 from sao.envs.sandbox_command import Isolation, Limits, make_scratch
-from sao.envs.sandbox_exec import execute, isolation_for
+from sao.envs.sandbox_exec import execute, isolation_for, probe_failure
 from sao.envs.sandbox_proc import allocate_uid, kill_leftovers, release_uid
 
-__all__ = ["MODES", "Sandbox", "SandboxResult", "run_code", "sandbox_mode"]
+__all__ = [
+    "MODES",
+    "MODE_VAR",
+    "Sandbox",
+    "SandboxResult",
+    "SandboxUnavailableError",
+    "require_sandbox",
+    "run_code",
+    "sandbox_mode",
+]
 
 MODES = ("bwrap", "unshare", "rlimits")
+MODE_VAR = "SAO_SANDBOX_MODE"
+_log = logging.getLogger("sao.envs.sandbox")
+_announced: set[str] = set()
+_announce_lock = threading.Lock()
 _OOM_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "Out of memory")
 _PROGRAMS = {  # language: (file the code is written to, command)
     "python": ("main.py", [sys.executable, "-E", "-s", "-u", "main.py"]),
     "bash": ("script.sh", ["bash", "script.sh"]),
 }
+
+
+class SandboxUnavailableError(RuntimeError):
+    """The sandbox untrusted code needs (bwrap, or the mode ``SAO_SANDBOX_MODE`` names) does not work on
+    this machine; the message says why and how to fix it."""
 
 
 @dataclass
@@ -135,24 +170,68 @@ def _excerpt(text: str, limit: int) -> str:
 
 
 def sandbox_mode() -> str:
-    """The isolation runs get here: ``"bwrap"``, ``"unshare"`` or ``"rlimits"`` (see the module docstring)."""
+    """The isolation runs get here: ``"bwrap"``, or ``"unshare"`` / ``"rlimits"`` when ``SAO_SANDBOX_MODE``
+    asks for them (see the module docstring). Raises `SandboxUnavailableError` when that mode does not
+    work here (never falls back to a weaker one) and ValueError for an unknown ``SAO_SANDBOX_MODE``."""
     return _isolation().mode
 
 
+def require_sandbox(env_name: str) -> str:
+    """`sandbox_mode` for an environment that runs model-written code, to call in its constructor: the
+    mode, or `sao.envs.base.EnvError` saying why there is no sandbox and how to get one."""
+    try:
+        return sandbox_mode()
+    except (SandboxUnavailableError, ValueError) as err:
+        raise EnvError(f"environment {env_name!r} runs model-written code: {err}") from err
+
+
 def _isolation() -> Isolation:
-    forced = os.environ.get("SAO_SANDBOX_MODE", "").strip()
-    if forced:
-        if forced not in MODES:
-            raise ValueError(f"SAO_SANDBOX_MODE={forced!r}: expected one of {', '.join(MODES)}")
-        iso = isolation_for(forced)
-        if iso is None:
-            raise RuntimeError(f"SAO_SANDBOX_MODE={forced!r}, but that mode does not work on this machine")
-        return iso
-    for mode in MODES[:-1]:
-        iso = isolation_for(mode)
-        if iso is not None:
-            return iso
-    return isolation_for("rlimits")
+    forced = os.environ.get(MODE_VAR, "").strip()
+    if forced and forced not in MODES:
+        raise ValueError(f"{MODE_VAR}={forced!r}: expected one of {', '.join(MODES)}")
+    mode = forced or "bwrap"
+    iso = isolation_for(mode)
+    if iso is None:
+        raise SandboxUnavailableError(_unavailable(mode, forced, probe_failure(mode) or "unknown reason"))
+    _announce(iso, forced)
+    return iso
+
+
+def _unavailable(mode: str, forced: str, why: str) -> str:
+    if mode != "bwrap":
+        return f"{MODE_VAR}={forced}, but that mode does not work on this machine: {why}"
+    fixes = (
+        "install bubblewrap (e.g. `apt-get install bubblewrap`, or `make sandbox-deps` as root)"
+        if shutil.which("bwrap") is None
+        else "let bubblewrap run: allow unprivileged user namespaces (sysctl"
+        " kernel.unprivileged_userns_clone=1; on Ubuntu 24.04+ also"
+        " kernel.apparmor_restrict_unprivileged_userns=0), or run the container with them allowed"
+    )
+    return (
+        f"the bubblewrap sandbox that untrusted code needs does not work here: {why}. To fix it, {fixes}."
+        f" For trusted code only, {MODE_VAR}=unshare or {MODE_VAR}=rlimits opts into a weaker sandbox"
+        " (no filesystem isolation)."
+    )
+
+
+def _announce(iso: Isolation, forced: str) -> None:
+    """Log the mode once per process (per mode): info for bwrap, a warning for a weaker, opted-into mode."""
+    with _announce_lock:
+        if iso.mode in _announced:
+            return
+        _announced.add(iso.mode)
+    uid = "private uid" if iso.drop_uid else f"uid {os.geteuid()}"
+    if iso.mode == "bwrap" and os.geteuid() == 0 and not iso.drop_uid:
+        _log.warning(
+            "sandbox mode: bwrap as uid 0 (no private uid usable): the process limit is not enforced"
+        )
+    elif iso.mode == "bwrap":
+        _log.info("sandbox mode: bwrap (minimal read-only root, no network, own pids, %s)", uid)
+    else:
+        _log.warning(
+            "sandbox mode: %s (%s=%s, as %s): weaker isolation, the host filesystem is not hidden; for"
+            " trusted code only", iso.mode, MODE_VAR, forced, uid,
+        )  # fmt: skip
 
 
 def _check_limits(timeout_s: float, memory_mb: int, output_limit: int) -> None:
@@ -184,7 +263,8 @@ class Sandbox:
     share a sandbox between threads only with a lock.
 
     ``read_file`` raises FileNotFoundError for a missing file and ValueError for a path or symlink that
-    leaves ``root``: envs reading files the code produced should catch ``(OSError, ValueError)``.
+    leaves ``root``: envs reading files the code produced should catch ``(OSError, ValueError)``. The
+    constructor raises `SandboxUnavailableError` where the mode (see `sandbox_mode`) cannot run.
     """
 
     def __init__(
@@ -329,7 +409,8 @@ def run_code(
     output_limit: int = 65536,
 ) -> SandboxResult:
     """Run ``code`` once in a fresh scratch dir holding ``files``: Python as ``main.py`` with the sandbox's
-    interpreter, bash as ``script.sh``. The dir and every process are gone when it returns."""
+    interpreter, bash as ``script.sh``. The dir and every process are gone when it returns. Raises
+    `SandboxUnavailableError` where the mode cannot run."""
     if language not in _PROGRAMS:
         raise ValueError(f"language must be one of {', '.join(_PROGRAMS)}, got {language!r}")
     filename, argv = _PROGRAMS[language]

@@ -19,18 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sao.envs.sandbox_proc import MARKER_VAR
+from sao.envs.sandbox_root import parent_dirs, root_args
 
 __all__ = ["MAX_FILE_BYTES", "MAX_PROCESSES", "Isolation", "Limits", "command", "environment", "make_scratch"]
 
 MAX_PROCESSES = 64  # RLIMIT_NPROC of a run: enough for a process pool, not for a fork bomb
 MAX_FILE_BYTES = 64 * 2**20  # RLIMIT_FSIZE: the largest single file a run may write
 MAX_OPEN_FILES = 1024
-# Credentials a read-only view of the host would otherwise show (best effort, see the sandbox docstring).
-_SECRET_PATHS = (
-    ".ssh", ".aws", ".gnupg", ".docker", ".kube", ".netrc", ".git-credentials", ".pypirc",
-    ".config/gcloud", ".config/gh", ".cache/huggingface/token", ".huggingface/token",
-)  # fmt: skip
-
 LAUNCHER = r"""
 import json, os, resource, sys
 cfg, argv = json.loads(sys.argv[1]), sys.argv[2:]
@@ -108,13 +103,15 @@ except OSError as err:
 @dataclass(frozen=True)
 class Isolation:
     """How runs are wrapped: the mode, whether to switch to a private uid (root only), the unshare flags
-    that worked here, and whether bwrap supports size-capped tmpfs mounts (``--size``, bwrap >= 0.8)."""
+    that worked here, whether bwrap supports size-capped tmpfs mounts (``--size``, bwrap >= 0.8), and the
+    wrapper program's path as found on the caller's PATH (runs get a scrubbed PATH)."""
 
     mode: str
     drop_uid: bool = False
     unshare_flags: tuple[str, ...] = ()
     sized_tmpfs: bool = False
     read_all: bool = False  # the private uid keeps CAP_DAC_READ_SEARCH (see _detect)
+    program: str = ""  # bwrap or unshare
 
     @property
     def fresh_userns(self) -> bool:
@@ -147,71 +144,19 @@ def make_scratch(uid: int | None) -> tuple[Path, Path, Path]:
     return base, work, tmp
 
 
-def _secret_masks() -> list[str]:
-    homes = {Path.home(), Path("/root")}
-    args = []
-    for home in homes:
-        for rel in _SECRET_PATHS:
-            path = home / rel
-            try:
-                if path.is_symlink():
-                    continue
-                if path.is_dir():
-                    args += ["--tmpfs", str(path)]
-                elif path.is_file():
-                    args += ["--ro-bind", "/dev/null", str(path)]
-            except OSError:  # not ours to see, so not the sandbox's either
-                continue
-    return args
-
-
-def _reveal_args(work: Path, perms: bool) -> list[str]:
-    """For a private uid: a tmpfs over each dir that others cannot traverse (such as /root holding a pyenv
-    interpreter) on the way to the interpreter, its import paths and the scratch dir, with just the needed
-    child bound back read-only. This also hides the rest of such dirs."""
-    needed = {
-        sys.executable,
-        sys.prefix,
-        sys.base_prefix,
-        sys.exec_prefix,
-        str(work),
-        *filter(None, sys.path),
-    }
-    blocked: dict[Path, set[Path]] = {}
-    for path in {os.path.realpath(p) for p in needed if os.path.exists(p)}:
-        parts = Path(path).parts
-        for depth in range(1, len(parts)):
-            ancestor = Path(*parts[:depth])
-            if not ancestor.stat().st_mode & 0o001:
-                blocked.setdefault(ancestor, set()).add(ancestor / parts[depth])
-    args = []
-    for ancestor in sorted(blocked, key=lambda p: len(p.parts)):
-        args += [*(["--perms", "0755"] if perms else []), "--tmpfs", str(ancestor)]
-        for child in sorted(blocked[ancestor]):
-            args += ["--ro-bind", str(child), str(child)]
-    return args
-
-
 def _bwrap_prefix(iso: Isolation, work: Path, tmp: Path, uid: int | None, limits: Limits) -> list[str]:
-    args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
+    """The bwrap wrapper: a minimal read-only root (`sao.envs.sandbox_root`), fresh /dev, /proc, /tmp and
+    /dev/shm, the scratch dir the only writable host path, and new namespaces for everything but users."""
+    args = [iso.program or "bwrap", "--dev", "/dev"]
     if iso.sized_tmpfs:
         shm = min(64, limits.memory_mb) * 2**20
         args += ["--perms", "1777", "--size", str(shm), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        args += ["--proc", "/proc", "--perms", "1777", "--size", str(limits.memory_mb * 2**20)]
-        args += ["--tmpfs", "/tmp"]
+        args += ["--perms", "1777", "--size", str(limits.memory_mb * 2**20), "--tmpfs", "/tmp"]
     else:
-        args += ["--proc", "/proc", "--bind", str(tmp), "/tmp"]
-        if work.parent.is_relative_to("/tmp"):  # the mount points' parent, else bwrap makes it root-only
-            inner = tmp / work.parent.relative_to("/tmp")
-            inner.mkdir(parents=True, exist_ok=True)
-            inner.chmod(0o755)
-    args += _secret_masks()
-    if uid is not None:
-        args += _reveal_args(work, perms=iso.sized_tmpfs)
-    if iso.sized_tmpfs and work.parent.is_relative_to("/tmp"):  # else bwrap makes it root-only
-        args += ["--perms", "0755", "--dir", str(work.parent)]
+        args += ["--bind", str(tmp), "/tmp"]
+    args += ["--proc", "/proc", *root_args(), *parent_dirs(work)]
     args += ["--ro-bind", str(work.parent / "bin"), str(work.parent / "bin")]
-    args += ["--bind", str(work), str(work), "--chdir", str(work)]
+    args += ["--bind", str(work), str(work), "--chdir", str(work), "--remount-ro", "/"]
     args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--die-with-parent", "--new-session"]
     if os.geteuid() == 0:  # a root bwrap keeps every capability unless told otherwise
@@ -244,7 +189,7 @@ def command(
     if iso.mode == "bwrap":
         return [*_bwrap_prefix(iso, work, tmp, uid, limits), *launcher, *argv]
     if iso.mode == "unshare":
-        return ["unshare", *iso.unshare_flags, "--", *launcher, *argv]
+        return [iso.program or "unshare", *iso.unshare_flags, "--", *launcher, *argv]
     return [*launcher, *argv]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from sao.envs.sandbox_command import Isolation, Limits, command, environment, make_scratch
 from sao.envs.sandbox_proc import allocate_uid, kill_leftovers, release_uid
 
-__all__ = ["Outcome", "execute", "isolation_for"]
+__all__ = ["Outcome", "execute", "isolation_for", "probe_failure"]
 
 
 @dataclass
@@ -143,22 +143,41 @@ def execute(
 
 
 _probed: dict[str, Isolation | None] = {}
+_failures: dict[str, str] = {}  # mode: why its probe failed
 _probe_lock = threading.RLock()
 
 
-def _works(iso: Isolation) -> bool:
+def _works(iso: Isolation) -> str | None:
+    """None if a trivial Python run works under ``iso``, else what went wrong (exit status and stderr)."""
     uid = allocate_uid() if iso.drop_uid else None
     if iso.drop_uid and uid is None:
-        return False  # no free uid in this user namespace's map
+        return "no free uid in this user namespace's map for the sandbox's private uid"
     base, work, tmp = make_scratch(uid)
     try:
         argv = [sys.executable, "-E", "-s", "-c", "print('sandbox-ok')"]
         limits = Limits(timeout_s=20.0, memory_mb=512, output_limit=4096)
         out = execute(argv, iso=iso, work=work, tmp=tmp, uid=uid, limits=limits, marker=base.name)
-        return out.returncode == 0 and out.stdout.strip() == b"sandbox-ok"
+        if out.returncode == 0 and out.stdout.strip() == b"sandbox-ok":
+            return None
+        status = "timed out" if out.timed_out else f"exit status {out.returncode}"
+        stderr = out.stderr.decode("utf-8", "replace").strip()[-2000:] or "(no stderr)"
+        how = f"{iso.mode}, private uid" if uid is not None else iso.mode
+        return f"a test run ({how}) failed, {status}: {stderr}"
     finally:
         shutil.rmtree(base, ignore_errors=True)
         release_uid(uid)
+
+
+def _first_working(mode: str, candidates: list[Isolation]) -> Isolation | None:
+    """The first candidate that works; else None, with the candidates' failures kept for `probe_failure`."""
+    failures = []
+    for iso in candidates:
+        failure = _works(iso)
+        if failure is None:
+            return iso
+        failures.append(failure)
+    _failures[mode] = "; ".join(failures)
+    return None
 
 
 def _detect(mode: str) -> Isolation | None:
@@ -166,29 +185,33 @@ def _detect(mode: str) -> Isolation | None:
         # Root switches to a private uid; where that uid cannot reach the interpreter (a pyenv under /root)
         # it keeps the right to read and traverse everything, which a root run has anyway.
         drop_modes = [Isolation("rlimits", True), Isolation("rlimits", True, read_all=True)]
-        works = (iso for iso in drop_modes if os.geteuid() == 0 and _works(iso))
+        works = (iso for iso in drop_modes if os.geteuid() == 0 and _works(iso) is None)
         return next(works, Isolation("rlimits"))
     if mode == "bwrap":
-        if shutil.which("bwrap") is None:
+        program = shutil.which("bwrap")
+        if program is None:
+            _failures[mode] = "bubblewrap is not installed (no `bwrap` on PATH)"
             return None
-        help_text = subprocess.run(["bwrap", "--help"], capture_output=True, text=True).stdout
+        help_text = subprocess.run([program, "--help"], capture_output=True, text=True).stdout
         sized = "--size" in help_text and "--perms" in help_text
-        # bwrap can show a private uid an interpreter that others cannot reach (see _reveal_args)
-        candidates = [Isolation("bwrap", True, sized_tmpfs=sized)] if os.geteuid() == 0 else []
-        candidates.append(Isolation("bwrap", False, sized_tmpfs=sized))
+        # as root, each sandbox runs as a private uid (see sao.envs.sandbox_proc)
+        drops = [True, False] if os.geteuid() == 0 else [False]
+        candidates = [Isolation("bwrap", drop, sized_tmpfs=sized, program=program) for drop in drops]
     elif mode == "unshare":
-        if shutil.which("unshare") is None:
+        program = shutil.which("unshare")
+        if program is None:
+            _failures[mode] = "util-linux `unshare` is not installed (no `unshare` on PATH)"
             return None
         fallback = isolation_for("rlimits")
         user = () if os.geteuid() == 0 else ("--map-root-user",)
         full = (*user, "--net", "--pid", "--fork", "--kill-child", "--mount-proc")
         candidates = [
-            Isolation("unshare", fallback.drop_uid, flags, read_all=fallback.read_all)
+            Isolation("unshare", fallback.drop_uid, flags, read_all=fallback.read_all, program=program)
             for flags in (full, (*user, "--net"))
         ]
     else:
         raise ValueError(f"unknown sandbox mode {mode!r}; expected 'bwrap', 'unshare' or 'rlimits'")
-    return next((iso for iso in candidates if _works(iso)), None)
+    return _first_working(mode, candidates)
 
 
 def isolation_for(mode: str) -> Isolation | None:
@@ -197,3 +220,9 @@ def isolation_for(mode: str) -> Isolation | None:
         if mode not in _probed:
             _probed[mode] = _detect(mode)
         return _probed[mode]
+
+
+def probe_failure(mode: str) -> str | None:
+    """Why ``mode`` does not work here (after `isolation_for` returned None for it), else None."""
+    with _probe_lock:
+        return _failures.get(mode) if isolation_for(mode) is None else None
