@@ -102,6 +102,7 @@ class HTTPEngine:
         self._streams: dict[str, _Stream] = {}
         self._update_lock = asyncio.Lock()
         self._closing = False
+        self._unreachable = False  # a connection was refused (the server is gone)
         self._last_update_dir: Path | None = None
         names = ("requests", "finished", "aborted", "errors", "rejected", "tokens_generated", "updates")
         self._counters = dict.fromkeys(names, 0)
@@ -162,6 +163,14 @@ class HTTPEngine:
         return self._version
 
     @property
+    def alive(self) -> bool:
+        """False once a launched server process has exited, or an attached server refused a connection
+        (a run's `SupervisedEngine` then launches or attaches anew)."""
+        if self._closing or self._unreachable:
+            return False
+        return self._server is None or self._server.running
+
+    @property
     def server(self) -> ServerProcess | None:
         """The launched server process (None when attached)."""
         return self._server
@@ -187,6 +196,7 @@ class HTTPEngine:
                         raise InvalidRequestError(f"{self.engine_name} rejected the request: {detail}")
                     last = TokenDelta(finish_reason="error", error=f"HTTP {response.status_code}: {detail}")
         except httpx.HTTPError as e:
+            self._unreachable = self._unreachable or isinstance(e, httpx.ConnectError)
             last = TokenDelta(
                 finish_reason="abort" if self._closing else "error", error=f"{type(e).__name__}: {e}"
             )

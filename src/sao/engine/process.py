@@ -23,7 +23,8 @@ the buffers into the model (`LocalEngine.update_weights`), so the child never re
 Versions and in-flight semantics are the local engine's: an update never aborts a request.
 
 Failure. If the child dies, every pending generation finishes with ``finish_reason="error"`` (with the
-exit code), later requests too, and `update_weights` raises RuntimeError. `close` asks the child to close
+exit code), later requests too, `update_weights` raises RuntimeError, and ``alive`` turns False (a run's
+`SupervisedEngine` then starts a new one). `close` asks the child to close
 its engine (pending requests finish with ``"abort"``) and kills it if it does not exit in time.
 """
 
@@ -128,6 +129,14 @@ class ProcessEngine:
         update)."""
         return self._version
 
+    @property
+    def alive(self) -> bool:
+        """False once the child process has exited or the engine was closed (a supervisor restarts a dead
+        engine: `sao.runtime.engine_guard`)."""
+        with self._lock:
+            closed = self._closed
+        return closed is None and self._process.poll() is None
+
     async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Generation:
         """Generate one completion in the child; raises `InvalidRequestError` for a request it cannot
         serve. A cancelled call cancels the request in the child."""
@@ -144,6 +153,8 @@ class ProcessEngine:
         if closed is not None:
             return _ended(closed)
         if not self._send(("generate", rid, prompt, params)):
+            with self._lock:
+                self._pending.pop(rid, None)
             return _ended(self._closed or "error: engine process is gone")
         try:
             return await future
@@ -211,6 +222,8 @@ class ProcessEngine:
                 raise RuntimeError(f"engine process is closed ({self._closed})")
             self._pending[rid] = ("update", threadsafe_setter(loop, future))
         if not self._send(("update", rid, version, payload)):
+            with self._lock:
+                self._pending.pop(rid, None)  # nobody will await its future
             raise RuntimeError("engine process is gone")
         return await future
 

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from torch import Tensor
 
 __all__ = [
+    "EngineCrashedError",
     "FinishReason",
     "Generation",
     "InferenceEngine",
@@ -26,6 +27,12 @@ __all__ = [
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 WeightsLike = Mapping[str, Tensor] | str | Path
+
+
+class EngineCrashedError(RuntimeError):
+    """The engine process or server died while serving this request (raised by a supervised engine,
+    `sao.runtime.engine_guard.SupervisedEngine`, which restarts it). The request is lost; later requests
+    go to the restarted engine."""
 
 
 class InvalidRequestError(ValueError):
