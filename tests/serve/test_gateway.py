@@ -137,7 +137,7 @@ def test_session_prefix_logic_without_a_server(tiny_tokenizer):
     assert traj.versions.count(3) == len(gen)
 
 
-def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
+def test_sao_serve_command_serves_records_sessions_and_applies_its_limits(tiny_moe_dir, tmp_path):
     import subprocess
     import sys
 
@@ -146,7 +146,11 @@ def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
     port = free_port()
     out = tmp_path / "sessions.jsonl"
     cmd = [sys.executable, "-m", "sao.cli", "serve", "--model", str(tiny_moe_dir), "--port", str(port)]
-    proc = subprocess.Popen([*cmd, "--out", str(out), "--device", "cpu"], stderr=subprocess.PIPE, text=True)
+    limits = ["--max-sessions", "1", "--session-idle-timeout", "300", "--max-body-bytes", "4000"]
+    limits += ["--max-pending", "5", "--retry-after", "7", "--max-context-tokens", "512"]
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(out), "--device", "cpu", *limits], stderr=subprocess.PIPE, text=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -159,8 +163,16 @@ def test_sao_serve_command_serves_and_records_sessions(tiny_moe_dir, tmp_path):
             assert proc.poll() is None, proc.stderr.read()
             assert time.time() < deadline, "sao serve did not come up"
             time.sleep(0.3)
+        stats = httpx.get(f"{url}/v1/stats").json()
+        assert stats["sessions"]["max_sessions"] == 1 and stats["sessions"]["idle_timeout_s"] == 300
+        assert stats["requests"]["max_pending"] == 5
+        assert stats["limits"]["max_body_bytes"] == 4000 and stats["limits"]["max_context_tokens"] == 512
         body = {"messages": [{"role": "user", "content": "1+1"}], "max_tokens": 4, "session_id": "cli"}
         assert httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        second = httpx.post(f"{url}/v1/chat/completions", json={**body, "session_id": "other"}, timeout=60)
+        assert second.status_code == 429 and second.headers["retry-after"] == "7"  # --max-sessions 1
+        big = {**body, "messages": [{"role": "user", "content": "x" * 4000}]}
+        assert httpx.post(f"{url}/v1/chat/completions", json=big, timeout=60).status_code == 413
         assert httpx.post(f"{url}/v1/sessions/cli/reward", json={"reward": 1.0}).status_code == 200
         assert '"prompt_id": "cli"' in out.read_text()
     finally:

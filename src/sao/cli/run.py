@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from sao.cli.common import ConfigArgs, _config_from_args, _fail, _quiet_transformers, _stdout, app
+from sao.serve.limits import GatewayLimits
 
 
 @app.command("serve")
@@ -31,10 +32,34 @@ def serve_command(
     engine_python: Annotated[
         str | None, typer.Option(help="vllm/sglang: python of the virtualenv that has the engine.")
     ] = None,
+    max_sessions: Annotated[
+        int, typer.Option(min=1, help="Open sessions at most; a new one beyond gets 429 with Retry-After.")
+    ] = GatewayLimits.max_sessions,
+    session_idle_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0.001, help="Seconds without a request before an unrewarded session is dropped (abandoned)."
+        ),
+    ] = GatewayLimits.session_idle_timeout_s,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="Request body limit in bytes; larger bodies get 413.")
+    ] = GatewayLimits.max_body_bytes,
+    max_pending: Annotated[
+        int,
+        typer.Option(min=1, help="Generation requests in flight at once; the next gets 503 + Retry-After."),
+    ] = GatewayLimits.max_pending,
+    retry_after: Annotated[
+        int, typer.Option(min=0, help="Retry-After seconds sent with 429 and 503.")
+    ] = GatewayLimits.retry_after_s,
+    max_context_tokens: Annotated[
+        int | None,
+        typer.Option(min=2, help="Prompt + generated tokens of a request (default: the engine's limit)."),
+    ] = None,
 ) -> None:
     """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
     session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
-    closed by POST /v1/sessions/{id}/reward."""
+    closed by POST /v1/sessions/{id}/reward. Bounded: open sessions, idle time, body size, requests in
+    flight, context (see the options)."""
     import uvicorn
 
     from sao.engine.local import LocalEngine
@@ -59,6 +84,12 @@ def serve_command(
         default_max_tokens=max_tokens,
         output_path=out,
         own_engine=True,
+        max_sessions=max_sessions,
+        session_idle_timeout_s=session_idle_timeout,
+        max_body_bytes=max_body_bytes,
+        max_pending=max_pending,
+        retry_after_s=retry_after,
+        max_context_tokens=max_context_tokens,
     )
     typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
     uvicorn.run(app_, host=host, port=port, log_level="warning")

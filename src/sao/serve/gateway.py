@@ -6,18 +6,23 @@ its session (``X-Session-Id`` header, or a ``session_id`` field in the body, e.g
 ``POST /v1/sessions/{id}/reward`` attaches the outcome, closes the session and emits its trajectories.
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
-``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``. Responses follow the OpenAI schema and add
-``token_ids``, ``versions`` and per-token log-probs. Malformed requests get a 4xx with a reason.
+``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``, ``GET /v1/stats``. Responses follow the OpenAI
+schema and add ``token_ids``, ``versions`` and per-token log-probs. Malformed requests get a 4xx with a
+reason and record nothing. Resources are bounded (`sao.serve.limits`, `sao.serve.registry`): open sessions
+(429), idle sessions (dropped as abandoned, never emitted), body size (413), requests in flight (503),
+the context (``max_tokens`` capped, a full prompt 400); 429 and 503 carry ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -27,12 +32,32 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
+from sao.engine.types import (
+    EngineCrashedError,
+    Generation,
+    InferenceEngine,
+    InvalidRequestError,
+    SamplingParams,
+)
 from sao.types import Trajectory
 
+from .limits import (
+    BodySizeLimit,
+    GatewayLimits,
+    LimitExceededError,
+    PendingGate,
+    cap_max_tokens,
+    engine_context_limit,
+    error_body,
+)
+from .registry import SessionEntry, SessionRegistry
 from .sessions import ChatSession
 
 __all__ = ["create_app"]
+
+# Finished trajectories kept in ``app.state.finished`` for inspection (the sinks are on_trajectory and
+# output_path): the most recent ones only, so a long-running gateway's memory stays bounded.
+_KEEP_FINISHED = 10_000
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -136,28 +161,72 @@ def create_app(
     on_trajectory: Callable[[Trajectory], None] | None = None,
     output_path: str | Path | None = None,
     own_engine: bool = False,
+    max_sessions: int = GatewayLimits.max_sessions,
+    session_idle_timeout_s: float = GatewayLimits.session_idle_timeout_s,
+    max_body_bytes: int = GatewayLimits.max_body_bytes,
+    max_pending: int = GatewayLimits.max_pending,
+    retry_after_s: int = GatewayLimits.retry_after_s,
+    max_context_tokens: int | None = GatewayLimits.max_context_tokens,
 ) -> FastAPI:
     """Build the gateway app.
 
     Args:
         engine: any `InferenceEngine` (LocalEngine, vLLM, SGLang).
         tokenizer: the model's tokenizer (chat template, decoding).
+        default_max_tokens: ``max_tokens`` of a request that gives none (capped by the context like any).
         on_trajectory: called with each finished trajectory (e.g. a trainer queue's ``put_nowait``).
         output_path: also append finished trajectories to this JSONL file.
         own_engine: close the engine (and a server it launched) when the app shuts down.
+        max_sessions: open sessions at most; a new one beyond gets 429 with ``Retry-After``.
+        session_idle_timeout_s: seconds without a request after which an unrewarded session is closed as
+            abandoned (counted, never emitted as a trajectory).
+        max_body_bytes: request body size limit; larger bodies get 413 before they are parsed.
+        max_pending: chat/completions requests in flight at once; the next gets 503 with ``Retry-After``.
+        retry_after_s: the ``Retry-After`` seconds of 429 and 503 answers.
+        max_context_tokens: prompt + generated tokens of one request (default: the engine's context
+            limit); ``max_tokens`` is capped by what the prompt leaves, a prompt filling it gets 400.
+
+    Raises ValueError for an invalid limit.
     """
+    limits = GatewayLimits(
+        max_sessions=max_sessions,
+        session_idle_timeout_s=session_idle_timeout_s,
+        max_body_bytes=max_body_bytes,
+        max_pending=max_pending,
+        retry_after_s=retry_after_s,
+        max_context_tokens=max_context_tokens,
+    )
+    known = [c for c in (limits.max_context_tokens, engine_context_limit(engine)) if c is not None]
+    context = min(known) if known else None
+    registry = SessionRegistry(
+        lambda sid: ChatSession(tokenizer, sid),
+        max_sessions=limits.max_sessions,
+        idle_timeout_s=limits.session_idle_timeout_s,
+        retry_after_s=limits.retry_after_s,
+    )
+    gate = PendingGate(limits.max_pending, limits.retry_after_s)
+    counts = {"trajectories": 0, "rejected_too_large": 0}
+    finished: deque[Trajectory] = deque(maxlen=_KEEP_FINISHED)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        if own_engine:
-            await engine.close()
+        sweeper = asyncio.create_task(_sweep_forever(registry, limits.session_idle_timeout_s))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            if own_engine:
+                await engine.close()
 
     app = FastAPI(title="sao gateway", lifespan=lifespan)
-    sessions: dict[str, ChatSession] = {}
-    locks: dict[str, asyncio.Lock] = {}
-    finished: list[Trajectory] = []
-    app.state.sessions, app.state.finished = sessions, finished
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=limits.max_body_bytes,
+        on_reject=lambda: counts.__setitem__("rejected_too_large", counts["rejected_too_large"] + 1),
+    )
+    app.state.registry, app.state.finished, app.state.limits = registry, finished, limits
     eos = [
         t
         for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
@@ -167,19 +236,26 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         details = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(
-            status_code=400, content={"error": {"message": details, "type": "invalid_request"}}
-        )
+        return JSONResponse(status_code=400, content=error_body(details))
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(status_code=exc.status_code, content={"error": {"message": exc.detail}})
+        return JSONResponse(status_code=exc.status_code, content=error_body(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(LimitExceededError)
+    async def _limit(_: Request, exc: LimitExceededError) -> JSONResponse:
+        body = error_body(exc.reason, exc.kind)
+        return JSONResponse(status_code=exc.status, content=body, headers=exc.headers)
 
     async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
+        max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)
         try:
-            gen = await engine.generate(prompt_ids, params)
+            gen = await engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=max_new))
         except InvalidRequestError as err:
             raise HTTPException(400, str(err)) from None
+        except EngineCrashedError as err:  # a supervised engine is restarting: try again shortly
+            retry = {"Retry-After": str(limits.retry_after_s)}
+            raise HTTPException(503, f"the engine is restarting: {err}", headers=retry) from None
         if gen.finish_reason == "error":
             raise HTTPException(500, f"generation failed: {gen.error}")
         return gen
@@ -193,27 +269,47 @@ def create_app(
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "sao"}]}
+        data = {"id": model_name, "object": "model", "owned_by": "sao", "max_model_len": context}
+        return {"object": "list", "data": [data]}
+
+    async def _chat_turn(
+        entry: SessionEntry,
+        named: str | None,
+        messages: list[dict[str, Any]],
+        req: ChatRequest,
+        params: SamplingParams,
+    ) -> tuple[list[int], Generation, str]:
+        """Plan, generate, then record (only on success): a failed request leaves the session as it was."""
+        async with entry.lock:
+            if named is not None and registry.get(named) is not entry:
+                raise HTTPException(409, f"session {named!r} was closed (rewarded) while this request waited")
+            session = entry.session
+            try:
+                plan = session.plan(messages, req.tools)
+            except Exception as err:  # the template rejected the conversation: the client's input
+                raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
+            prompt_ids = list(plan.prompt_ids)
+            gen = await _generate(prompt_ids, params)
+            session.commit(plan)
+            text = session.record_generation(gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason)
+        return prompt_ids, gen, text
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, x_session_id: str | None = Header(None)) -> dict[str, Any]:
         params = _params(req, req.max_completion_tokens or req.max_tokens, default_max_tokens, eos)
         named = x_session_id or req.session_id
-        sid = named or f"anon-{uuid.uuid4().hex}"  # unnamed requests (e.g. a judge) are not recorded
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        lock = locks.setdefault(sid, asyncio.Lock()) if named else asyncio.Lock()
-        async with lock:
-            session = (
-                sessions.setdefault(sid, ChatSession(tokenizer, sid))
-                if named
-                else ChatSession(tokenizer, sid)
-            )
-            try:
-                prompt_ids = session.prompt_for(messages, req.tools)
-            except Exception as err:  # the template rejected the conversation: the client's input
-                raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
-            gen = await _generate(prompt_ids, params)
-            text = session.record_generation(gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason)
+        registry.sweep()
+        with gate.slot():
+            if named is None:  # unnamed requests (e.g. a judge) are served but not recorded
+                anonymous = SessionEntry(ChatSession(tokenizer, f"anon-{uuid.uuid4().hex}"))
+                prompt_ids, gen, text = await _chat_turn(anonymous, None, messages, req, params)
+            else:
+                entry = registry.open(named)
+                try:
+                    prompt_ids, gen, text = await _chat_turn(entry, named, messages, req, params)
+                finally:
+                    registry.release(entry)
         eos_text = tokenizer.eos_token or ""
         visible = text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
         content, tool_calls = _split_tool_calls(visible) if req.tools else (visible, None)
@@ -251,7 +347,8 @@ def create_app(
             if isinstance(req.prompt, list)
             else tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
         )
-        gen = await _generate(list(prompt_ids), params)
+        with gate.slot():
+            gen = await _generate(list(prompt_ids), params)
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -279,26 +376,32 @@ def create_app(
     async def reward(session_id: str, req: RewardRequest) -> dict[str, Any]:
         if (req.reward is None) == (req.rewards is None):
             raise HTTPException(400, "give exactly one of 'reward' (outcome) and 'rewards' (per turn)")
-        if session_id not in sessions:
+        registry.sweep()
+        entry = registry.get(session_id)
+        if entry is None:
+            if registry.was_abandoned(session_id):
+                raise HTTPException(
+                    404,
+                    f"session {session_id!r} was closed as abandoned after "
+                    f"{limits.session_idle_timeout_s:g} s idle; its turns were dropped, not emitted",
+                )
             raise HTTPException(404, f"unknown or already closed session {session_id!r}")
-        async with locks[session_id]:
-            session = sessions.pop(session_id)
-            locks.pop(session_id, None)
-        rewards = [req.reward] if req.reward is not None else list(req.rewards or [])
+        registry.hold(entry)
         try:
-            trajs = session.trajectories(rewards, {"model": model_name, **req.metadata})
-            for traj in trajs:
-                traj.validate()
-        except ValueError as err:
-            sessions[session_id] = session  # keep it: the client can retry with a valid reward
-            raise HTTPException(400, f"cannot close session {session_id!r}: {err}") from None
-        finished.extend(trajs)
-        if output_path is not None:
-            existing = Path(output_path)
-            _append_jsonl(existing, trajs)
-        for traj in trajs:
-            if on_trajectory is not None:
-                on_trajectory(traj)
+            async with entry.lock:
+                if not registry.pop(entry):
+                    raise HTTPException(404, f"session {session_id!r} was closed while this reward waited")
+            rewards = [req.reward] if req.reward is not None else list(req.rewards or [])
+            try:
+                trajs = entry.session.trajectories(rewards, {"model": model_name, **req.metadata})
+                for traj in trajs:
+                    traj.validate()
+            except ValueError as err:
+                registry.restore(entry)  # keep it: the client can retry with a valid reward
+                raise HTTPException(400, f"cannot close session {session_id!r}: {err}") from None
+        finally:
+            registry.release(entry)
+        _emit(trajs)
         return {
             "session_id": session_id,
             "trajectories": [
@@ -312,11 +415,50 @@ def create_app(
             ],
         }
 
+    def _emit(trajs: list[Trajectory]) -> None:
+        finished.extend(trajs)
+        counts["trajectories"] += len(trajs)
+        if output_path is not None:
+            _append_jsonl(Path(output_path), trajs)
+        for traj in trajs:
+            if on_trajectory is not None:
+                on_trajectory(traj)
+
     @app.get("/v1/sessions")
     async def list_sessions() -> dict[str, Any]:
-        return {"open": sorted(sessions), "finished": len(finished)}
+        registry.sweep()
+        return {"open": registry.ids(), "finished": counts["trajectories"], "abandoned": registry.abandoned}
+
+    @app.get("/v1/stats")
+    async def stats() -> dict[str, Any]:
+        registry.sweep()
+        return {
+            "sessions": registry.counters(),
+            "requests": {
+                "in_flight": gate.in_flight,
+                "max_pending": limits.max_pending,
+                "rejected_overloaded": gate.rejected,
+                "rejected_too_large": counts["rejected_too_large"],
+            },
+            "trajectories": counts["trajectories"],
+            "limits": {
+                "max_body_bytes": limits.max_body_bytes,
+                "retry_after_s": limits.retry_after_s,
+                "max_context_tokens": context,
+                "default_max_tokens": default_max_tokens,
+            },
+        }
 
     return app
+
+
+async def _sweep_forever(registry: SessionRegistry, idle_timeout_s: float) -> None:
+    """Sweep abandoned sessions every ``idle_timeout_s / 4`` seconds (between 10 ms and 60 s), so an idle
+    gateway frees them too; requests sweep as well, which makes the counts exact when read."""
+    interval = min(max(idle_timeout_s / 4, 0.01), 60.0)
+    while True:
+        await asyncio.sleep(interval)
+        registry.sweep()
 
 
 def _append_jsonl(path: Path, trajs: list[Trajectory]) -> None:

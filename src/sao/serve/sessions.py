@@ -7,7 +7,9 @@ chat-template delta of the new messages is tokenised and appended as observation
 rendering does not start with the recorded text (the client edited history, or the template rewrites it)
 starts a new *branch*, recorded separately and flagged in its metadata. A ``strict`` session (the agent
 loop's) raises `PrefixMismatchError` instead: there the template is under our control, and a rewrite is a
-configuration error.
+configuration error. `ChatSession.plan` computes a request's prompt without recording it and
+`ChatSession.commit` records it: the gateway commits only once generation succeeded, so a failed request
+leaves its session as it was.
 
 Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from sao.types import Trajectory
 
-__all__ = ["Branch", "ChatSession", "PrefixMismatchError"]
+__all__ = ["Branch", "ChatSession", "PrefixMismatchError", "PromptPlan"]
 
 
 class PrefixMismatchError(ValueError):
@@ -67,6 +69,24 @@ class Branch:
         self.text += text
 
 
+@dataclass(frozen=True)
+class PromptPlan:
+    """A request's prompt, planned by `ChatSession.plan` and recorded by `ChatSession.commit`.
+
+    ``branch``: the index of the branch it extends (``== len(branches)``: it opens a new one, flagged
+    ``prefix_mismatch`` when the session already had a branch); ``base_tokens``: that branch's length when
+    planned; ``delta``/``delta_ids``: the observation text and tokens appended; ``prompt_ids``: the
+    branch's tokens followed by the delta, what to generate from.
+    """
+
+    branch: int
+    base_tokens: int
+    prefix_mismatch: bool
+    delta: str
+    delta_ids: tuple[int, ...]
+    prompt_ids: tuple[int, ...]
+
+
 class ChatSession:
     """The recorded branches of one session, extended request by request.
 
@@ -94,16 +114,42 @@ class ChatSession:
         Extends the current branch when the rendered conversation starts with its recorded text, else
         opens a new branch (flagged ``prefix_mismatch`` when the session already had one).
         """
+        plan = self.plan(messages, tools)
+        self.commit(plan)
+        return list(plan.prompt_ids)
+
+    def plan(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> PromptPlan:
+        """What `prompt_for` would record and return, without recording anything (raises as it does).
+
+        `commit` records it; a plan that is never committed (the request failed) leaves the session
+        exactly as it was. Commit a plan before the session changes otherwise.
+        """
         rendered = self.render(messages, tools)
         current = self.branches[-1] if self.branches else None
         if current is not None and self.strict:
             self.check_extends(rendered)
-        if current is None or not rendered.startswith(current.text):
-            current = Branch(prefix_mismatch=bool(self.branches))
-            self.branches.append(current)
-        delta = rendered[len(current.text) :]
-        current.append(self._encode(delta), delta, action=False)
-        return list(current.token_ids)
+        new_branch = current is None or not rendered.startswith(current.text)
+        base_text = "" if new_branch or current is None else current.text
+        base_ids = [] if new_branch or current is None else current.token_ids
+        delta = rendered[len(base_text) :]
+        delta_ids = self._encode(delta)
+        return PromptPlan(
+            branch=len(self.branches) if new_branch else len(self.branches) - 1,
+            base_tokens=len(base_ids),
+            prefix_mismatch=new_branch and bool(self.branches),
+            delta=delta,
+            delta_ids=tuple(delta_ids),
+            prompt_ids=(*base_ids, *delta_ids),
+        )
+
+    def commit(self, plan: PromptPlan) -> None:
+        """Record ``plan``'s observation delta (opening its new branch if it has one). Raises
+        `RuntimeError` if the session changed since the plan was made."""
+        if plan.branch == len(self.branches):
+            self.branches.append(Branch(prefix_mismatch=plan.prefix_mismatch))
+        elif plan.branch != len(self.branches) - 1 or len(self.branches[-1].token_ids) != plan.base_tokens:
+            raise RuntimeError(f"session {self.session_id!r} changed since this prompt was planned")
+        self.branches[-1].append(list(plan.delta_ids), plan.delta, action=False)
 
     def render(
         self,
