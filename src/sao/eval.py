@@ -74,6 +74,7 @@ class EvalSettings:
     env: str | None = None
     limit: int | None = None
     transcripts: bool = False  # keep each sample's decoded episode text (prompt and all turns) in the report
+    env_timeout_s: float | None = None  # seconds each env call may take (None: forever)
 
     def __post_init__(self) -> None:
         for name in ("k", "max_tokens_per_turn", "max_total_tokens", "concurrency"):
@@ -145,6 +146,7 @@ async def _run_sample(
             max_tokens_per_turn=settings.max_tokens_per_turn,
             temperature=settings.temperature,
             top_p=settings.top_p,
+            env_timeout_s=settings.env_timeout_s,
         )
         traj = await run_episode(engine, tokenizer, env, task, cfg, seed=seed, group_id=group_id)
         reward = float(traj.rewards[-1])

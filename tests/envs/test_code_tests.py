@@ -183,3 +183,30 @@ def test_episode_through_the_agent_loop_shows_tools_and_grades_the_submission(ti
     text = tiny_tokenizer.decode(traj.token_ids, skip_special_tokens=False)
     assert '"name": "read_file"' in text.split("<|im_start|>user")[0]  # the schemas are in the system turn
     assert "<tool_response>\nwrote" in text and "calc.py" in text.split("<tool_response>")[2]
+
+
+def test_a_step_past_the_env_timeout_is_dropped_and_close_kills_the_sandbox_and_removes_it() -> None:
+    """The agent loop's env timeout (`sao.rollout.env_calls`) on a real code env: a command that outlives the
+    episode's step budget ends the episode as ``env_timeout``, and ``close`` (which the loop always awaits)
+    kills what the command started and removes the scratch dir at once, not when the command's own
+    (longer) sandbox timeout would have."""
+    import time
+
+    from sao.envs.sandbox_proc import find_processes
+    from sao.rollout.env_calls import EpisodeError, close_env, reset_env, step_env
+
+    async def main():
+        env = CodeTestsEnv(command_timeout_s=60.0)
+        await reset_env(env, TASK, 30)
+        box = env._sandbox
+        t0 = time.monotonic()
+        with pytest.raises(EpisodeError) as err:
+            await step_env(env, call("run", command="sleep 300 & sleep 300"), timeout_s=1.0)
+        assert err.value.reason == "env_timeout"
+        assert find_processes(uid=box._uid, marker=box._marker)  # the command is still running
+        assert await close_env(env, 30) is None
+        return box, time.monotonic() - t0
+
+    box, took = asyncio.run(main())
+    assert took < 20 and box.closed and not box.root.exists()
+    assert find_processes(uid=box._uid, marker=box._marker) == []

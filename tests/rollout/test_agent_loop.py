@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sao.engine.local import LocalEngine
-from sao.engine.types import Generation, SamplingParams
+from sao.engine.types import EngineCrashedError, Generation, SamplingParams
 from sao.envs.base import StepResult, Task
 from sao.envs.tools import tool_message
 from sao.models.forward import token_logprobs
@@ -64,6 +64,8 @@ class Recording:
         if len(self.calls) == self.fail_call:
             if self.fail_mode == "raise":
                 raise RuntimeError("engine exploded")
+            if self.fail_mode == "crash":
+                raise EngineCrashedError("child died")
             return Generation([], [], [], "error", error="kv cache on fire")
         gen = await self.engine.generate(prompt_ids, params)
         self.calls.append((list(prompt_ids), params, gen))
@@ -225,32 +227,31 @@ def test_the_token_budget_ends_the_episode_with_length(tiny_moe_dir, tok):
 def test_a_prompt_over_the_budget_is_an_episode_error(tiny_moe_dir, tok):
     env = CounterEnv()
     err, rec = play(tiny_moe_dir, tok, env, dataclasses.replace(CFG, max_total_tokens=5))
-    assert isinstance(err, EpisodeError) and "max_total_tokens" in str(err)
+    assert (
+        isinstance(err, EpisodeError) and err.reason == "prompt_too_long" and "max_total_tokens" in str(err)
+    )
     assert rec.calls == [] and env.closed == 1
 
 
-def test_an_env_that_raises_in_step_ends_with_error_and_keeps_the_tokens(tiny_moe_dir, tok):
+def test_an_env_that_raises_in_step_drops_the_episode_as_env_error(tiny_moe_dir, tok):
     env = CounterEnv(n_turns=5, fail_at=1)
-    traj, rec = play(tiny_moe_dir, tok, env)
-    traj.validate()
-    assert traj.finish_reason == "error" and "env.step: ValueError: counter broke" in traj.metadata["error"]
-    assert traj.rewards == [0.1, 0.0] and traj.num_turns == 2 and env.closed == 1
-    assert traj.token_ids[-len(rec.calls[-1][2].token_ids) :] == rec.calls[-1][2].token_ids
+    err, rec = play(tiny_moe_dir, tok, env)
+    assert isinstance(err, EpisodeError) and err.reason == "env_error"
+    assert "turn 1: env.step failed: ValueError: counter broke" in str(err)
+    assert len(rec.calls) == 2 and env.closed == 1
 
 
-def test_engine_failures_after_the_first_turn_are_recorded_and_before_it_are_episode_errors(
-    tiny_moe_dir, tok
-):
-    for mode in ("raise", "error"):
-        env = CounterEnv(n_turns=5)
-        traj, _ = play(tiny_moe_dir, tok, env, fail_call=2, fail_mode=mode)
-        traj.validate()
-        assert traj.finish_reason == "error" and traj.num_turns == 2 and env.closed == 1
-        assert traj.metadata["error"].startswith("engine:")
-        assert ("engine exploded" if mode == "raise" else "kv cache on fire") in traj.metadata["error"]
-        env = CounterEnv(n_turns=5)
-        err, _ = play(tiny_moe_dir, tok, env, fail_call=0, fail_mode=mode)
-        assert isinstance(err, EpisodeError) and env.closed == 1
+def test_engine_failures_drop_the_episode_as_engine_errors_or_crashes(tiny_moe_dir, tok):
+    for fail_call in (0, 2):
+        for mode in ("raise", "error"):
+            env = CounterEnv(n_turns=5)
+            err, _ = play(tiny_moe_dir, tok, env, fail_call=fail_call, fail_mode=mode)
+            assert isinstance(err, EpisodeError) and err.reason == "engine_error" and env.closed == 1
+            assert ("engine exploded" if mode == "raise" else "kv cache on fire") in str(err)
+    env = CounterEnv(n_turns=5)
+    err, _ = play(tiny_moe_dir, tok, env, fail_call=1, fail_mode="crash")
+    assert isinstance(err, EpisodeError) and err.reason == "engine_crash" and "child died" in str(err)
+    assert env.closed == 1
 
 
 def test_reset_and_close_failures(tiny_moe_dir, tok):
@@ -260,10 +261,103 @@ def test_reset_and_close_failures(tiny_moe_dir, tok):
 
     env = BadReset()
     err, _ = play(tiny_moe_dir, tok, env)
-    assert isinstance(err, EpisodeError) and "env.reset failed" in str(err) and env.closed == 1
+    assert isinstance(err, EpisodeError) and err.reason == "env_error" and "env.reset failed" in str(err)
+    assert env.closed == 1
     env = CounterEnv(n_turns=1, fail_close=True)
     traj, _ = play(tiny_moe_dir, tok, env)
-    assert traj.finish_reason == "stop" and traj.metadata["close_error"] == "OSError: sandbox gone"
+    assert (
+        traj.finish_reason == "stop"
+        and traj.metadata["close_error"] == "env.close failed: OSError: sandbox gone"
+    )
+
+
+class Hanging(CounterEnv):
+    """Hangs (awaiting) in ``where`` ("reset", "step" at turn 1, or "close")."""
+
+    def __init__(self, where, **kw):
+        super().__init__(**kw)
+        self.where = where
+
+    async def reset(self, task):
+        if self.where == "reset":
+            await asyncio.sleep(3600)
+        return await super().reset(task)
+
+    async def step(self, text):
+        if self.where == "step" and len(self.received) == 1:
+            await asyncio.sleep(3600)
+        return await super().step(text)
+
+    async def close(self):
+        await super().close()
+        if self.where == "close":
+            await asyncio.sleep(3600)
+
+
+def test_an_env_call_past_the_timeout_drops_the_episode_as_env_timeout(tiny_moe_dir, tok):
+    cfg = dataclasses.replace(CFG, env_timeout_s=0.3)
+    for where in ("reset", "step"):
+        env = Hanging(where, n_turns=3)
+        err, _ = play(tiny_moe_dir, tok, env, cfg)
+        assert isinstance(err, EpisodeError) and err.reason == "env_timeout", where
+        assert f"env.{where} did not return within 0.3 s" in str(err) and env.closed == 1
+    env = Hanging("close", n_turns=1)
+    traj, _ = play(tiny_moe_dir, tok, env, cfg)
+    assert (
+        traj.finish_reason == "stop"
+        and "env.close did not return within 0.3 s" in traj.metadata["close_error"]
+    )
+    # A well-behaved env under the same timeout plays to the end.
+    env = CounterEnv(n_turns=3)
+    traj, _ = play(tiny_moe_dir, tok, env, cfg)
+    assert traj.finish_reason == "stop"
+
+
+class Malformed(CounterEnv):
+    """Answers turn 0 with ``answer`` (or returns ``reset_answer`` from reset)."""
+
+    def __init__(self, answer=None, reset_answer=None):
+        super().__init__(n_turns=3)
+        self.answer, self.reset_answer = answer, reset_answer
+
+    async def reset(self, task):
+        return self.reset_answer if self.reset_answer is not None else await super().reset(task)
+
+    async def step(self, text):
+        result = await super().step(text)
+        return self.answer if self.answer is not None else result
+
+
+@pytest.mark.parametrize(
+    ("answer", "reset_answer", "says"),
+    [
+        (StepResult([], float("nan"), True), None, "reward nan"),
+        (StepResult([], float("inf"), True), None, "reward inf"),
+        (StepResult([], "1.0", True), None, "reward '1.0'"),
+        (StepResult([], 1.0, "yes"), None, "done='yes'"),
+        (StepResult("just text", 1.0, False), None, "not a list of messages"),
+        (StepResult([{"content": "no role"}], 1.0, False), None, "string 'role'"),
+        (StepResult([{"role": "tool", "content": 7}], 1.0, False), None, "content of type int"),
+        (StepResult([], 1.0, True, info=None), None, "info of type NoneType"),
+        ((1.0, True), None, "has no observation"),
+        (None, "hello", "not a list of messages"),
+        (None, [], "returned no messages"),
+    ],
+)
+def test_malformed_env_answers_drop_the_episode_as_env_error(tiny_moe_dir, tok, answer, reset_answer, says):
+    env = Malformed(answer, reset_answer)
+    err, _ = play(tiny_moe_dir, tok, env)
+    assert isinstance(err, EpisodeError) and err.reason == "env_error" and says in str(err)
+    assert env.closed == 1
+
+
+def test_the_sandbox_mode_of_a_code_running_env_is_recorded(tiny_moe_dir, tok):
+    env = CounterEnv(n_turns=1)
+    traj, _ = play(tiny_moe_dir, tok, env)
+    assert "sandbox_mode" not in traj.metadata
+    env.sandbox_mode = "bwrap"
+    traj, _ = play(tiny_moe_dir, tok, env)
+    assert traj.metadata["sandbox_mode"] == "bwrap"
 
 
 def test_versions_come_from_the_engine_across_a_weight_update_between_turns(tiny_moe_dir, tok):

@@ -34,6 +34,10 @@ def _producer(engine, tokenizer, *, batch=4, staleness=1, group=1, tau=None, ver
     return producer, mgr, queue
 
 
+def _dropped(producer) -> int:
+    return sum(v for k, v in producer.counters.items() if k.startswith("dropped/"))
+
+
 async def _run_until(producer, predicate, timeout=60.0):
     runner = asyncio.create_task(producer.run())
     deadline = asyncio.get_running_loop().time() + timeout
@@ -48,7 +52,7 @@ def test_capacity_bounds_what_is_started_and_everything_is_accounted_for(engine,
     producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=4, staleness=1)
 
     async def scenario():
-        await _run_until(producer, lambda: queue.qsize() + producer.counters["dropped/episode_error"] >= 8)
+        await _run_until(producer, lambda: queue.qsize() + _dropped(producer) >= 8)
         s = mgr.stats()
         assert s.started == 8  # (max_staleness + 1) * batch, nothing more without training
         items = [queue.get_nowait() for _ in range(queue.qsize())]
@@ -56,9 +60,10 @@ def test_capacity_bounds_what_is_started_and_everything_is_accounted_for(engine,
         for [traj] in items:
             traj.validate()
             assert traj.metadata["env"] == "calculator"
-        dropped = sum(v for k, v in producer.counters.items() if k.startswith("dropped/"))
         assert producer.counters["produced"] == len(items)
-        assert producer.counters["produced"] + dropped == s.started  # every episode finished and counted
+        assert (
+            producer.counters["produced"] + _dropped(producer) == s.started
+        )  # every episode finished and counted
         assert (s.trained, s.pending) == (0, s.started - s.dropped)
 
     asyncio.run(scenario())
@@ -136,11 +141,92 @@ def test_training_progress_reaches_each_fresh_env_and_a_failing_hook_costs_only_
     producer.progress = lambda: TrainingProgress(step=3, trained_trajectories=12)
 
     async def scenario():
-        await _run_until(
-            producer, lambda: queue.qsize() >= 2 and producer.counters["dropped/episode_error"] >= 2
-        )
+        await _run_until(producer, lambda: queue.qsize() >= 2 and producer.counters["dropped/env_error"] >= 2)
 
     asyncio.run(scenario())
     assert seen and all(p == TrainingProgress(3, 12) for p in seen)
     s = mgr.stats()
     assert s.started == s.trained + s.dropped + s.pending  # the failed episodes are counted, not lost
+
+
+class _Faulty:
+    """The calculator env, broken in one way chosen per episode (by a shared counter): it raises in reset or
+    step, hangs in step, or answers a malformed result; every fifth episode is left intact."""
+
+    kinds = ("reset", "step", "hang", "nan", None)
+
+    def __init__(self, counter: list[int]) -> None:
+        self.env = make_env("calculator")
+        self.kind = self.kinds[counter[0] % len(self.kinds)]
+        counter[0] += 1
+        self.max_turns, self.closed = self.env.max_turns, False
+
+    async def reset(self, task):
+        if self.kind == "reset":
+            raise OSError("task store unreachable")
+        return await self.env.reset(task)
+
+    async def step(self, text):
+        if self.kind == "step":
+            raise ZeroDivisionError("grader bug")
+        if self.kind == "hang":
+            await asyncio.sleep(3600)
+        result = await self.env.step(text)
+        if self.kind == "nan":
+            result.reward = float("nan")
+        return result
+
+    async def close(self):
+        self.closed = True
+        await self.env.close()
+
+
+def test_env_faults_drop_their_episodes_by_reason_log_once_per_kind_and_the_producer_goes_on(
+    engine, tiny_tokenizer, caplog
+):
+    import dataclasses
+
+    counter, envs = [0], []
+
+    def make():
+        envs.append(_Faulty(counter))
+        return envs[-1]
+
+    producer, mgr, queue = _producer(engine, tiny_tokenizer, batch=8, staleness=1)
+    producer.make_env = make
+    producer.loop_cfg = dataclasses.replace(LOOP, env_timeout_s=0.5)
+
+    async def scenario():
+        c = producer.counters
+        await _run_until(producer, lambda: queue.qsize() >= 3 and c["dropped/env_timeout"] >= 2)
+
+    with caplog.at_level("WARNING", logger="sao.runtime.producer"):
+        asyncio.run(scenario())
+    c = producer.counters
+    assert c["dropped/env_error"] >= 6 and c["dropped/env_timeout"] >= 2, c  # reset + step + nan; hang
+    s = mgr.stats()
+    assert s.started == s.trained + s.dropped + s.pending and c["produced"] == queue.qsize() >= 3
+    finished = [e for e in envs if e.kind != "hang" or e.closed]
+    assert all(e.closed for e in finished) and sum(e.closed for e in envs) >= 8  # each env was closed
+    logged = [r.getMessage() for r in caplog.records if "episode dropped" in r.getMessage()]
+    assert sorted(m.split(")")[0] for m in logged) == [
+        "episode dropped (env_error",
+        "episode dropped (env_timeout",
+    ]
+    assert any("grader bug" in m or "task store unreachable" in m or "reward nan" in m for m in logged)
+
+
+def test_an_error_that_is_not_an_episode_failure_stops_the_producer_and_is_reported(engine, tiny_tokenizer):
+    """A chat template that rewrites history is a configuration error, not an episode's fault: the first
+    episode that meets it stops the producer, and the run is told (``on_fatal``)."""
+    from tests.rollout.test_agent_loop import THINK_PROMPT_TEMPLATE, with_template
+
+    from sao.rollout.agent_loop import PrefixInvariantError
+
+    producer, mgr, _ = _producer(engine, with_template(tiny_tokenizer, THINK_PROMPT_TEMPLATE), batch=4)
+    fatal: list[BaseException] = []
+    producer.on_fatal = fatal.append
+    asyncio.run(asyncio.wait_for(producer.run(), 60))  # it ends by itself
+    assert fatal and isinstance(fatal[0], PrefixInvariantError)
+    s = mgr.stats()
+    assert producer.counters["dropped/fatal"] >= 1 and s.started == s.trained + s.dropped + s.pending

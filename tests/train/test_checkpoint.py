@@ -198,3 +198,18 @@ def test_meta_that_is_not_json_serialisable_fails_before_writing(tmp_path):
     with pytest.raises(TypeError, match="JSON"):
         _save(manager, 1, config={"bad": object()})
     assert manager.latest() is None and not list((tmp_path).rglob("step_*"))
+
+
+def test_clean_partial_removes_every_kind_of_leftover_and_only_those(tmp_path):
+    manager = CheckpointManager(tmp_path, keep_last=5)
+    _save(manager, 1)
+    root = tmp_path / "checkpoints"
+    leftovers = [".step_00000002.tmp-a1", ".step_00000001.old-b2", ".step_00000000.del-1-2"]
+    for name in leftovers:  # a save, a replacement and a prune, each killed mid-way
+        (root / name / "actor").mkdir(parents=True)
+    (root / ".latest.tmp-c3").write_text("step_00000002\n")  # a pointer update killed mid-way
+    assert manager.latest() == root / "step_00000001"  # readers never see them
+    removed = manager.clean_partial()
+    assert sorted(p.name for p in removed) == sorted([*leftovers, ".latest.tmp-c3"])
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_00000001"]
+    assert manager.load().step == 1 and manager.clean_partial() == []

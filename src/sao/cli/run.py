@@ -226,11 +226,13 @@ def train_command(
     """Asynchronous RL training (or sync with runtime.mode=sync): engine (see engine.backend), producer,
     trainer."""
     cfg = _config_from_args(args)
-    from sao.runtime.runner import EngineStartError, train_sync_entry
+    from sao.runtime.runner import EngineStartError, RunStopped, train_sync_entry
 
     _quiet_transformers()
     try:
         result = train_sync_entry(cfg, resume=resume)
+    except RunStopped as err:  # already printed by the run, with its checkpoint
+        raise _fail(f"stopped: {err}", code=3) from None
     except (OSError, ValueError, EngineStartError) as err:
         raise _fail(f"error: {err}", code=1) from None
     typer.echo(

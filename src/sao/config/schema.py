@@ -127,6 +127,12 @@ class EngineConfig(_Section):
     server_args: list[str] = Field(
         default_factory=list, description="backend=vllm/sglang: extra command-line arguments of the server."
     )
+    max_restarts: int = Field(
+        3,
+        ge=0,
+        description="Restarts of an engine process or server that died, with no trained step in between, "
+        "before the run stops with a checkpoint (episodes lost in a crash are dropped as engine_crash).",
+    )
 
     @model_validator(mode="after")
     def _backend_options(self) -> EngineConfig:
@@ -163,6 +169,12 @@ class DataConfig(_Section):
     max_turns: int = Field(50, ge=1, description="Model turns per episode (paper: math 50, coding 300).")
     max_total_tokens: int = Field(
         16384, ge=1, description="Context budget of a trajectory: prompt + all turns."
+    )
+    env_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="Seconds each env call (reset, step, close) may take; past it the episode is dropped "
+        "as env_timeout. null: wait forever.",
     )
     seed: int = Field(0, description="Prompt sampling seed.")
 
@@ -268,6 +280,12 @@ class TrainerConfig(_Section):
         16384, ge=1, description="Packed tokens per forward/backward micro-batch."
     )
     grad_clip: float = Field(1.0, gt=0, description="Actor gradient-norm clip.")
+    max_consecutive_skips: int = Field(
+        10,
+        ge=1,
+        description="Actor steps in a row that may be skipped for a non-finite loss or gradient norm; one "
+        "more stops training (TrainingDiverged).",
+    )
     total_steps: int = Field(500, ge=1, description="Actor optimizer steps.")
     lr_schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Actor lr schedule.")
     warmup_steps: int = Field(0, ge=0, description="Linear actor lr warm-up steps.")
@@ -287,6 +305,12 @@ class RuntimeConfig(_Section):
     )
     drop_older_than: int | None = Field(
         None, ge=0, description="Drop trajectories with tokens more than this many versions old; null = keep."
+    )
+    max_consecutive_drops: int | None = Field(
+        1000,
+        ge=1,
+        description="Episodes in a row that yield no trajectory (env or engine failures) before the run "
+        "stops with a checkpoint: a broken env or grader ends the run instead of spinning; null = never.",
     )
     backend: Literal["local", "ray"] = Field(
         "local", description="'local': one process; 'ray': distributed (refused until that runtime exists)."

@@ -21,10 +21,13 @@ Token layout (invariant 1 of docs/training.md: the trainer never re-tokenizes):
   lists where the template would have rendered it differently.
 
 Finish reasons: ``stop`` (env done), ``max_turns``, ``length`` (token budget exhausted: a turn cut by the
-budget gets no env step and reward 0, and a trailing observation past the budget is dropped), ``error``
-(env or engine failed; ``metadata["error"]`` says how, the tokens so far are kept; a generation that ends
-in ``error`` or ``abort`` is dropped whole). An episode that fails before its first generated token raises
-`EpisodeError`; ``env.close()`` is awaited in every case (its own failure goes to
+budget gets no env step and reward 0, and a trailing observation past the budget is dropped). An episode
+that cannot be played to one of those ends yields no trajectory: `run_episode` raises `EpisodeError` with a
+drop reason (`sao.rollout.env_calls`): ``env_error`` (the env raised, or answered with something malformed,
+or the chat template cannot render its messages), ``env_timeout`` (an env call ran past
+``env_timeout_s``), ``engine_error`` (a generation failed), ``engine_crash`` (the engine died under it),
+``prompt_too_long``. A half-played episode is never trained on: its last reward is not an outcome.
+``env.close()`` is awaited in every case, under the same timeout (its own failure goes to
 ``metadata["close_error"]``).
 """
 
@@ -34,10 +37,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sao.engine.types import Generation, InferenceEngine, SamplingParams
+from sao.engine.types import EngineCrashedError, Generation, InferenceEngine, SamplingParams
 from sao.envs.base import Env, Message, Task
 from sao.serve.sessions import ChatSession, PrefixMismatchError
 from sao.types import Trajectory
+
+from .env_calls import EpisodeError, close_env, reset_env, step_env
 
 __all__ = ["AgentLoopConfig", "EpisodeError", "PrefixInvariantError", "run_episode"]
 
@@ -51,6 +56,7 @@ class AgentLoopConfig:
     ``max_turns`` is capped by the env's own ``max_turns``; ``max_total_tokens`` bounds prompt + all turns;
     a turn generates at most ``min(max_tokens_per_turn, tokens left)``. ``end_of_turn``: the token that ends
     an assistant turn (default ``<|im_end|>`` if the tokenizer has it, else its eos token).
+    ``env_timeout_s``: seconds each env call (reset, step, close) may take; None waits forever.
     """
 
     max_turns: int = 50
@@ -61,15 +67,14 @@ class AgentLoopConfig:
     top_k: int = -1
     check_prefix: bool = True
     end_of_turn: str | None = None
+    env_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_total_tokens", "max_tokens_per_turn"):
             if getattr(self, name) < 1:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
-
-
-class EpisodeError(RuntimeError):
-    """An episode failed before the model generated anything: there is no trajectory to return."""
+        if self.env_timeout_s is not None and not self.env_timeout_s > 0:
+            raise ValueError(f"AgentLoopConfig.env_timeout_s must be > 0 or None, got {self.env_timeout_s}")
 
 
 class PrefixInvariantError(ValueError):
@@ -206,24 +211,19 @@ async def run_episode(
 
     Returns:
         The `Trajectory`: one reward per turn (the last is the outcome), ``finish_reason`` one of ``stop``,
-        ``max_turns``, ``length``, ``error``; ``metadata`` with ``env``, ``task_id``, ``turns``,
-        ``timings`` (per turn ``generate_s``/``env_s``), ``infos`` (the env's per-turn ``info``), ``seed``,
-        and ``error`` where the episode failed.
+        ``max_turns``, ``length``; ``metadata`` with ``env``, ``task_id``, ``turns``, ``timings`` (per
+        turn ``generate_s``/``env_s``), ``infos`` (the env's per-turn ``info``), ``seed``, and
+        ``sandbox_mode`` for envs that run model code (their ``sandbox_mode`` attribute).
 
     Raises:
         PrefixInvariantError: the chat template rewrites earlier text (``cfg.check_prefix``).
-        EpisodeError: the episode failed before any token was generated (env reset, prompt over budget,
-            engine error on the first turn).
+        EpisodeError: the episode yields no trajectory; ``reason`` says why (see the module docstring).
     """
     try:
         episode = _Episode(engine, tokenizer, env, task, cfg, seed)
         await episode.play()
     finally:
-        close_error = await _close(env)
-    if not episode.rewards:
-        raise EpisodeError(
-            f"task {task.id!r}: no tokens were generated ({episode.error or episode.finish})"
-        ) from episode.cause
+        close_error = await close_env(env, cfg.env_timeout_s)
     metadata: dict[str, Any] = {
         "env": getattr(env, "name", None) or type(env).__name__,
         "task_id": task.id,
@@ -232,8 +232,9 @@ async def run_episode(
         "infos": episode.infos,
         "seed": seed,
     }
-    if episode.error is not None:
-        metadata["error"] = episode.error
+    sandbox_mode = getattr(env, "sandbox_mode", None)
+    if isinstance(sandbox_mode, str):
+        metadata["sandbox_mode"] = sandbox_mode
     if close_error is not None:
         metadata["close_error"] = close_error
     if episode.rec.mismatch_turns:
@@ -244,8 +245,8 @@ async def run_episode(
 class _Episode:
     """One episode while it is played: the recorder, the conversation, per-turn results, how it ended.
 
-    Env and engine failures end the episode (``finish = "error"``, ``error``, ``cause``) instead of
-    raising; `PrefixInvariantError` and failures before the first turn raise.
+    A failure of the env or the engine raises `EpisodeError` (with its drop reason), as does
+    `PrefixInvariantError`; ``finish`` is how a fully played episode ended.
     """
 
     def __init__(
@@ -267,38 +268,52 @@ class _Episode:
         self.timings: list[dict[str, float]] = []
         self.infos: list[dict[str, Any]] = []
         self.finish: str = "max_turns"
-        self.error: str | None = None
-        self.cause: BaseException | None = None
+
+    def _fail(self, message: str, reason: str, cause: BaseException | None = None) -> EpisodeError:
+        err = EpisodeError(f"task {self.task.id!r}, turn {len(self.rewards)}: {message}", reason)
+        err.__cause__ = cause
+        return err
 
     async def play(self) -> None:
         """Reset the env, play turns until the episode ends, check the final rendering."""
-        task = self.task
         try:
-            self.history = list(await self.env.reset(task))
-        except Exception as err:
-            raise EpisodeError(f"task {task.id!r}: env.reset failed: {type(err).__name__}: {err}") from err
+            self.history = await reset_env(self.env, self.task, self.cfg.env_timeout_s)
+        except EpisodeError as err:
+            raise self._fail(str(err), err.reason, err.__cause__) from None
         try:
             prompt_ids = self.rec.prompt(self.history)
         except Exception as err:
-            raise EpisodeError(f"task {task.id!r}: rendering the prompt failed: {err}") from err
+            raise self._fail(f"rendering the prompt failed: {err}", "env_error", err) from None
         for turn in range(self.max_turns):
             next_prompt = await self._turn(turn, prompt_ids)
             if next_prompt is None:
                 break
             prompt_ids = next_prompt
-        if self.cfg.check_prefix and self.rewards:
+        if self.cfg.check_prefix:
             self.rec.check_final(len(self.rewards), self.history)
 
-    def _end(self, finish: str, error: str | None = None, cause: BaseException | None = None) -> None:
-        self.finish, self.error, self.cause = finish, error, cause
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        try:
+            gen = await self.engine.generate(prompt_ids, params)
+        except EngineCrashedError as err:
+            raise self._fail(f"engine crashed: {err}", "engine_crash", err) from None
+        except Exception as err:
+            raise self._fail(f"engine: {type(err).__name__}: {err}", "engine_error", err) from None
+        problem = _check_generation(gen)
+        if problem is not None:
+            raise self._fail(f"engine: {problem}", "engine_error")
+        return gen
 
     async def _turn(self, turn: int, prompt_ids: list[int]) -> list[int] | None:
         """Play turn ``turn`` from ``prompt_ids``; returns the next prompt, or None when the episode ends."""
         cfg, rec = self.cfg, self.rec
         left = cfg.max_total_tokens - len(prompt_ids)
         if left <= 0:
-            why = None if self.rewards else f"the prompt has {len(prompt_ids)} tokens > max_total_tokens"
-            return self._end("length", why)
+            if not self.rewards:
+                why = f"the prompt has {len(prompt_ids)} tokens > max_total_tokens ({cfg.max_total_tokens})"
+                raise self._fail(why, "prompt_too_long")
+            self.finish = "length"
+            return None
         params = SamplingParams(
             max_new_tokens=min(cfg.max_tokens_per_turn, left),
             temperature=cfg.temperature,
@@ -308,13 +323,7 @@ class _Episode:
             seed=None if self.seed is None else self.seed + turn,
         )
         t0 = time.perf_counter()
-        try:
-            gen = await self.engine.generate(prompt_ids, params)
-            problem = _check_generation(gen)
-            if problem is not None:
-                raise RuntimeError(problem)
-        except Exception as err:
-            return self._end("error", f"engine: {type(err).__name__}: {err}", err)
+        gen = await self._generate(prompt_ids, params)
         text = rec.record(turn, gen)
         timing = {"generate_s": time.perf_counter() - t0, "env_s": 0.0}
         self.timings.append(timing)
@@ -326,39 +335,31 @@ class _Episode:
             rec.num_tokens >= cfg.max_total_tokens or len(gen.token_ids) < params.max_new_tokens
         ):
             self.rewards.append(0.0)
-            return self._end("length")
+            self.finish = "length"
+            return None
         t1 = time.perf_counter()
         try:
-            result = await self.env.step(content)
-            reward, done = float(result.reward), bool(result.done)
-            observation, info = list(result.observation), dict(result.info)
-        except Exception as err:
-            self.rewards.append(0.0)
-            return self._end("error", f"env.step: {type(err).__name__}: {err}", err)
+            result = await step_env(self.env, content, cfg.env_timeout_s)
+        except EpisodeError as err:
+            raise self._fail(str(err), err.reason, err.__cause__) from None
         finally:
             timing["env_s"] = time.perf_counter() - t1
-        self.rewards.append(reward)
-        self.infos.append(info)
-        if done:
-            return self._end("stop")
+        self.rewards.append(result.reward)
+        self.infos.append(result.info)
+        if result.done:
+            self.finish = "stop"
+            return None
         if turn + 1 == self.max_turns:
             return None  # finish stays "max_turns"; the last observation is not needed
         try:
-            next_prompt = rec.observe(turn + 1, self.history, observation, cfg.check_prefix)
+            next_prompt = rec.observe(turn + 1, self.history, result.observation, cfg.check_prefix)
         except PrefixInvariantError:
             raise
         except Exception as err:  # the template cannot render the env's messages
-            return self._end("error", f"rendering the observation: {type(err).__name__}: {err}", err)
-        self.history.extend(observation)
+            why = f"rendering the observation: {type(err).__name__}: {err}"
+            raise self._fail(why, "env_error", err) from None
+        self.history.extend(result.observation)
         return next_prompt
-
-
-async def _close(env: Env) -> str | None:
-    try:
-        await env.close()
-    except Exception as err:
-        return f"{type(err).__name__}: {err}"
-    return None
 
 
 def _trajectory(

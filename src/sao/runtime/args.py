@@ -56,6 +56,7 @@ class EngineArgs:
     python: str | None = None
     attach: str | None = None
     server_args: tuple[str, ...] = ()
+    max_restarts: int = 3
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class StalenessArgs:
     max_staleness: int
     drop_older_than: int | None
     max_in_flight: int
+    max_consecutive_drops: int | None = None  # failed episodes in a row before the run stops
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def critic_args(algo: AlgoConfig, critic: CriticConfig, model: ModelConfig) -> C
 def engine_args(engine: EngineConfig, model: ModelConfig, trainer: TrainerConfig) -> EngineArgs:
     return EngineArgs(
         engine.backend, model.device, model.dtype, engine.max_concurrent, trainer.seed,
-        engine.threads, engine.python, engine.attach, tuple(engine.server_args),
+        engine.threads, engine.python, engine.attach, tuple(engine.server_args), engine.max_restarts,
     )  # fmt: skip
 
 
@@ -86,6 +86,7 @@ def agent_loop_args(data: DataConfig, engine: EngineConfig) -> AgentLoopConfig:
         temperature=engine.temperature,
         top_p=engine.top_p,
         top_k=engine.top_k,
+        env_timeout_s=data.env_timeout_s,
     )
 
 
@@ -103,10 +104,11 @@ def sampler_args(algo: AlgoConfig, data: DataConfig) -> SamplerArgs:
 
 
 def staleness_args(runtime: RuntimeConfig, trainer: TrainerConfig) -> StalenessArgs:
+    drops = runtime.max_consecutive_drops
     if runtime.mode == "sync":
-        return StalenessArgs(trainer.batch_size, 0, runtime.drop_older_than, trainer.batch_size)
+        return StalenessArgs(trainer.batch_size, 0, runtime.drop_older_than, trainer.batch_size, drops)
     return StalenessArgs(
-        trainer.batch_size, runtime.max_staleness, runtime.drop_older_than, runtime.max_in_flight
+        trainer.batch_size, runtime.max_staleness, runtime.drop_older_than, runtime.max_in_flight, drops
     )
 
 
@@ -146,7 +148,7 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
     settings = EvalSettings(
         k=eval.k, seed=eval.seed, temperature=eval.temperature, top_p=eval.top_p, max_turns=data.max_turns,
         max_tokens_per_turn=engine.max_new_tokens, max_total_tokens=data.max_total_tokens,
-        concurrency=eval.concurrency, env=data.env, limit=eval.limit,
+        concurrency=eval.concurrency, env=data.env, limit=eval.limit, env_timeout_s=data.env_timeout_s,
     )  # fmt: skip
     return EvalArgs(files, env_args(data), settings, logging.eval_every, eval.at_start)
 
@@ -189,11 +191,12 @@ FACTORIES: dict[str, Factory] = {
                       "the critic: policy backbone + value head (sao.models.critic.load_critic)"),
     "engine": Factory(engine_args, ("engine", "model", "trainer"),
                       ("engine.backend", "engine.max_concurrent", "engine.threads", "engine.python",
-                       "engine.attach", "engine.server_args", "model.device", "model.dtype", "trainer.seed"),
+                       "engine.attach", "engine.server_args", "engine.max_restarts", "model.device",
+                       "model.dtype", "trainer.seed"),
                       "the rollout engine (sao.runtime.engines.start_engine)"),
     "agent_loop": Factory(agent_loop_args, ("data", "engine"),
-                          ("data.max_turns", "data.max_total_tokens", "engine.max_new_tokens",
-                           "engine.temperature", "engine.top_p", "engine.top_k"),
+                          ("data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
+                           "engine.max_new_tokens", "engine.temperature", "engine.top_p", "engine.top_k"),
                           "turn and token limits, sampling (sao.rollout.agent_loop.AgentLoopConfig)"),
     "env": Factory(env_args, ("data",), ("data.env", "data.env_kwargs"), "one fresh env per episode"),
     "tasks": Factory(task_args, ("data",),
@@ -205,13 +208,14 @@ FACTORIES: dict[str, Factory] = {
                        "the prompt order (sao.runtime.sampler.PromptSampler)"),
     "staleness": Factory(staleness_args, ("runtime", "trainer"),
                          ("runtime.mode", "runtime.max_in_flight", "runtime.max_staleness",
-                          "runtime.drop_older_than", "trainer.batch_size"),
+                          "runtime.drop_older_than", "runtime.max_consecutive_drops", "trainer.batch_size"),
                          "capacity, in-flight bound and drop rule (StalenessManager, Producer)"),
     "trainer": Factory(trainer_args, ("algo", "critic", "trainer", "engine"),
                        ("algo.*", "critic.freeze", "critic.lr", "critic.lr_warmup_steps",
                         "critic.warmup_steps", "critic.value_clip", "critic.recompute_values",
                         "critic.grad_clip", "trainer.lr",
-                        "trainer.micro_batch_tokens", "trainer.grad_clip", "trainer.total_steps",
+                        "trainer.micro_batch_tokens", "trainer.grad_clip", "trainer.max_consecutive_skips",
+                        "trainer.total_steps",
                         "trainer.lr_schedule", "trainer.warmup_steps", "trainer.weight_decay",
                         "engine.temperature"),
                        "the RL step: critic ×K, actor (sao.train.step.Trainer)"),
@@ -228,7 +232,8 @@ FACTORIES: dict[str, Factory] = {
                      "metric sinks: JSONL, TensorBoard, W&B (sao.sinks.make_sinks)"),
     "evaluator": Factory(eval_args, ("data", "eval", "logging", "engine"),
                          ("data.eval_file", "eval.*", "logging.eval_every", "data.env", "data.env_kwargs",
-                          "data.max_turns", "data.max_total_tokens", "engine.max_new_tokens"),
+                          "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
+                          "engine.max_new_tokens"),
                          "evaluation during training (sao.runtime.evaluation.TrainingEvaluator)"),
     "loop": Factory(loop_args, ("trainer", "runtime"),
                     ("trainer.total_steps", "trainer.batch_size", "trainer.seed", "runtime.backend"),

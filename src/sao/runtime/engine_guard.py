@@ -113,6 +113,10 @@ class SupervisedEngine:
         return gen
 
     async def update_weights(self, weights: WeightsLike, version: int) -> None:
+        """Load the weights; an engine that dies meanwhile is restarted with them (`EngineFailedError` once
+        restarts are exhausted)."""
+        if self.failed is not None:
+            raise self.failed
         engine = await self._serving()
         try:
             await engine.update_weights(weights, version)
@@ -120,7 +124,10 @@ class SupervisedEngine:
             if _alive(engine) or self._closing:
                 raise
             self._crashed(engine, f"{type(err).__name__}: {err}")
-            await self._serving()  # the restarted engine got the latest weights; raises if it failed
+            if self._restarting is not None:
+                await asyncio.shield(self._restarting)  # the restarted engine got the latest weights
+            if self.failed is not None:
+                raise self.failed from err
 
     def _crashed(self, engine: InferenceEngine, why: str) -> str:
         """Note that ``engine`` died; start the restart once per dead engine. Returns the message."""

@@ -76,9 +76,11 @@ class Books:
                 "runtime/started": float(s.started),
                 "runtime/trained": float(s.trained),
                 "runtime/dropped": float(s.dropped),
+                "runtime/engine_restarts": self.engine.stats().get("restarts", 0.0),
                 "policy/version": float(record.version),
             }
         )
+        record.metrics.update({f"runtime/dropped/{k}": float(v) for k, v in s.drops_by_reason.items()})
 
 
 class MetricsLog:

@@ -29,11 +29,13 @@ async def collect_rollouts(
 ) -> list[Trajectory]:
     """Play ``n`` episodes (tasks cycled in order) with at most ``concurrency`` at once.
 
-    Episodes that fail before generating are skipped (logged); the result can be shorter than ``n``.
+    Episodes that yield no trajectory (`EpisodeError`: env or engine failures) are skipped, the first of
+    each drop reason logged; the result can be shorter than ``n``.
     """
     if not tasks:
         raise ValueError("collect_rollouts needs at least one task")
     gate = asyncio.Semaphore(concurrency)
+    logged: set[str] = set()
 
     async def one(i: int) -> Trajectory | None:
         async with gate:
@@ -42,7 +44,9 @@ async def collect_rollouts(
                     engine, tokenizer, make_env(), tasks[i % len(tasks)], loop_cfg, seed=seed + i
                 )
             except EpisodeError as err:
-                log.warning("rollout %d failed before generating: %s", i, err)
+                if err.reason not in logged:
+                    logged.add(err.reason)
+                    log.warning("rollout %d dropped (%s): %s [later ones are not logged]", i, err.reason, err)
                 return None
 
     results = await asyncio.gather(*(one(i) for i in range(n)))

@@ -13,6 +13,14 @@ directory named ``step_*`` is always complete. The ``latest`` file then names it
 and ``os.replace``d), and old checkpoints beyond ``keep_last`` are pruned. One writer per run is assumed;
 any number of readers may look at the same time.
 
+Killed at any moment (SIGKILL, even mid-save), a run leaves at worst hidden leftovers beside its
+checkpoints: a staging directory (``.step_N.tmp-*``), a checkpoint being replaced or pruned
+(``.step_N.old-*``, ``.step_N.del-*``), a pointer temp file (``.latest.tmp-*``). Readers never see them
+(`latest`, `checkpoints`); the writer removes them with `CheckpointManager.clean_partial` on resume and
+after every save. A checkpoint is committed once ``latest`` names it: one renamed into place whose pointer
+update was cut off is complete, yet `latest` returns the one the pointer names (the steps after it are
+redone).
+
 This module owns the on-disk format only; what goes into ``trainer_state`` and ``meta`` is the trainer's.
 """
 
@@ -223,6 +231,7 @@ class CheckpointManager:
         already opened files in it keeps reading them (POSIX unlink semantics)."""
         protected = {p.name for p in (keep, self._pointer_target()) if p is not None}
         removed = []
+        self.clean_partial()
         for path in self.checkpoints()[: -self.keep_last]:
             if path.name in protected:
                 continue
@@ -233,11 +242,23 @@ class CheckpointManager:
                 continue
             shutil.rmtree(doomed, ignore_errors=True)
             removed.append(path)
-        if self.root.is_dir():  # staging / deletion leftovers of a crashed process (single writer assumed)
-            for stale in self.root.glob(".step_*"):
+        return removed
+
+    def clean_partial(self) -> list[Path]:
+        """Remove what an interrupted save or prune left behind (see the module docstring); returns the
+        removed paths.
+
+        Only the run's one writer may call this (at resume, and `save` does after each checkpoint): a
+        reader calling it while a save runs would delete that save's staging directory."""
+        if not self.root.is_dir():
+            return []
+        removed = []
+        for stale in [*self.root.glob(".step_*"), *self.root.glob(f".{_LATEST}.tmp-*")]:
+            if stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
-            for stale in self.root.glob(f".{_LATEST}.tmp-*"):
+            else:
                 stale.unlink(missing_ok=True)
+            removed.append(stale)
         return removed
 
     # ---- finding -----------------------------------------------------------------------------------

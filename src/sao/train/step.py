@@ -24,6 +24,16 @@ An estimator that ``needs_divergence`` (SPO) gets D per trajectory in step 6 (ou
 from the old-log-prob forward when the loss needs one, else from the actor's own training forward (which
 runs before the update), so no extra forward runs.
 
+Non-finite steps: an optimizer step (actor, or any of the K critic steps) whose loss or total gradient norm
+(before clipping) is NaN or Inf is skipped: no ``optimizer.step``, the gradients are freed, the weights and
+the optimizer's moments stay as they were, and a skipped actor step leaves the estimator's state alone (a
+NaN reward would poison a running baseline for good). The step still counts: ``Trainer.step`` advances and
+so do both lr schedules (they follow the step budget), ``actor_steps`` / ``critic_steps`` count applied
+optimizer steps only, and ``skipped_steps`` / ``critic_skipped_steps`` the skipped ones (all in
+`Trainer.state_dict`). After more than ``trainer.max_consecutive_skips`` skipped actor steps in a row the
+next `train_step` raises `TrainingDiverged` before it touches anything: the trainer is as the last step
+left it (that step returned its metrics normally, so a run has logged it and may checkpoint it).
+
 The trainer is built from its own config sections (``algo``, ``critic``, ``trainer``) and the sampling
 temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
 """
@@ -31,6 +41,7 @@ temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -60,7 +71,37 @@ from sao.types import Batch
 from .step_metrics import batch_metrics
 from .step_schedule import actor_lr_factor, critic_lr_factor
 
-__all__ = ["Trainer"]
+__all__ = ["Trainer", "TrainingDiverged", "finite_update"]
+
+
+class TrainingDiverged(RuntimeError):  # noqa: N818 (the name the runner catches)
+    """More than ``trainer.max_consecutive_skips`` (``limit``) actor steps in a row were skipped for a
+    non-finite loss or gradient norm (``skips`` of them). Raised by `Trainer.train_step` on the call after
+    the step that exceeded the limit, before that call changes anything."""
+
+    def __init__(self, skips: int, limit: int) -> None:
+        super().__init__(
+            f"training diverged: {skips} consecutive actor steps skipped for a non-finite loss or gradient "
+            f"norm (more than trainer.max_consecutive_skips={limit})"
+        )
+        self.skips, self.limit = skips, limit
+
+
+def finite_update(loss: Tensor, grad_norm: Tensor) -> bool:
+    """Whether an optimizer step may be taken: the 0-d ``loss`` and total ``grad_norm`` are both finite
+    (one host sync)."""
+    return bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+
+
+def _advance(sched: torch.optim.lr_scheduler.LRScheduler, skipped: bool) -> None:
+    """``sched.step()``; after a skipped optimizer step without torch's warning that no optimizer step
+    preceded it (the skip is deliberate)."""
+    if not skipped:
+        sched.step()
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
+        sched.step()
 
 
 class _Accumulator:
@@ -143,6 +184,9 @@ class Trainer:
         self.critic_steps = 0
         self.old_logprob_forwards = 0
         self.trained_tokens = 0
+        self.skipped_steps = 0  # actor steps skipped for a non-finite loss / grad norm
+        self.critic_skipped_steps = 0
+        self.consecutive_skips = 0  # skipped actor steps since the last applied one
 
     @property
     def prioritizes_prompts(self) -> bool:
@@ -163,6 +207,9 @@ class Trainer:
             "actor_steps": self.actor_steps,
             "critic_steps": self.critic_steps,
             "trained_tokens": self.trained_tokens,
+            "skipped_steps": self.skipped_steps,
+            "critic_skipped_steps": self.critic_skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
             "actor_optim": self.actor_optim.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
             "critic_optim": self.critic_optim.state_dict() if self.critic_optim else None,
@@ -175,6 +222,10 @@ class Trainer:
             raise ValueError("trainer state and this trainer disagree on whether there is a critic")
         self.step, self.actor_steps = state["step"], state["actor_steps"]
         self.critic_steps, self.trained_tokens = state["critic_steps"], state["trained_tokens"]
+        # absent from checkpoints written before skipped steps were counted
+        self.skipped_steps = state.get("skipped_steps", 0)
+        self.critic_skipped_steps = state.get("critic_skipped_steps", 0)
+        self.consecutive_skips = state.get("consecutive_skips", 0)
         self.actor_optim.load_state_dict(state["actor_optim"])
         self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic_optim is not None and self.critic_sched is not None:
@@ -191,28 +242,46 @@ class Trainer:
     # ---- the step ----------------------------------------------------------------------------------
 
     def train_step(self, batch: Batch, *, policy_version: int) -> dict[str, float]:
-        """One trainer step on ``batch`` (module docstring); returns float metrics (docs/training.md)."""
+        """One trainer step on ``batch`` (module docstring); returns float metrics (docs/training.md).
+
+        Raises `TrainingDiverged`, changing nothing, when more than ``trainer.max_consecutive_skips`` actor
+        steps in a row were skipped."""
+        if self.consecutive_skips > self.optim.max_consecutive_skips:
+            raise TrainingDiverged(self.consecutive_skips, self.optim.max_consecutive_skips)
         batch = batch.to(self.device)
         parts = batch.split(self.optim.micro_batch_tokens)
         metrics = batch_metrics(batch, policy_version)
         values = None
+        critic_skips = self.critic_skipped_steps
         if self.uses_critic:
             values, critic_metrics = self._critic_phase(batch, parts)
             metrics.update(critic_metrics)
         actor_trains = not self.critic_warming_up
+        updated = False
         if actor_trains:
-            metrics.update(self._actor_phase(batch, parts, values))
-            self.actor_sched.step()
-            self.actor_steps += 1
-            self.trained_tokens += int(batch.action_mask.sum())
+            actor_metrics, updated = self._actor_phase(batch, parts, values)
+            metrics.update(actor_metrics)
+            # a skipped step advances the schedule too: it follows the step budget
+            _advance(self.actor_sched, not updated)
+            if updated:
+                self.actor_steps += 1
+                self.trained_tokens += int(batch.action_mask.sum())
+                self.consecutive_skips = 0
+            else:
+                self.skipped_steps += 1
+                self.consecutive_skips += 1
         if self.critic_sched is not None:
-            self.critic_sched.step()
+            _advance(self.critic_sched, self.critic_skipped_steps > critic_skips)
         self.step += 1
-        metrics["trainer/actor_updated"] = float(actor_trains)
+        metrics["trainer/actor_updated"] = float(updated)
         metrics["trainer/step"] = float(self.step)
         metrics["trainer/actor_steps"] = float(self.actor_steps)
         metrics["trainer/critic_steps"] = float(self.critic_steps)
-        metrics["trainer/trained_tokens"] = float(batch.action_mask.sum()) if actor_trains else 0.0
+        metrics["trainer/skipped_steps"] = float(self.skipped_steps)
+        metrics["trainer/consecutive_skips"] = float(self.consecutive_skips)
+        if self.uses_critic:
+            metrics["critic/skipped_steps"] = float(self.critic_skipped_steps)
+        metrics["trainer/trained_tokens"] = float(batch.action_mask.sum()) if updated else 0.0
         metrics["trainer/trained_tokens_total"] = float(self.trained_tokens)
         return metrics
 
@@ -256,7 +325,7 @@ class Trainer:
         losses, norms = [], []
         for _ in range(k_critic):
             self.critic_optim.zero_grad(set_to_none=True)
-            total = 0.0
+            total = torch.zeros((), device=self.device)
             for part, sl in zip(parts, slices, strict=True):
                 v = first if first is not None else token_values(self.critic, part).float()
                 first = None
@@ -265,11 +334,18 @@ class Trainer:
                     denominator=denominator, with_metrics=False,
                 )  # fmt: skip
                 loss.backward()
-                total += float(loss.detach())
-            norms.append(float(torch.nn.utils.clip_grad_norm_(self.critic_params, ccfg.grad_clip)))
-            self.critic_optim.step()
-            self.critic_steps += 1
-            losses.append(total)
+                total = total + loss.detach()
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.critic_params, ccfg.grad_clip, error_if_nonfinite=False
+            )
+            if finite_update(total, norm):
+                self.critic_optim.step()
+                self.critic_steps += 1
+            else:  # skipped: no stale NaN/Inf gradients left behind
+                self.critic_optim.zero_grad(set_to_none=True)
+                self.critic_skipped_steps += 1
+            norms.append(float(norm))
+            losses.append(float(total))
         metrics.update(
             {
                 "critic/value_loss": losses[0],
@@ -287,9 +363,11 @@ class Trainer:
             metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
         return values, metrics
 
-    def _actor_phase(self, batch: Batch, parts: list[Batch], values: Tensor | None) -> dict[str, float]:
+    def _actor_phase(
+        self, batch: Batch, parts: list[Batch], values: Tensor | None
+    ) -> tuple[dict[str, float], bool]:
         """Steps 4–6: policy advantages, one actor optimizer step over the micro-batches, the estimator's
-        state update."""
+        state update. Returns the metrics and whether the step was applied (False: skipped, non-finite)."""
         algo = self.algo
         action = batch.action_mask.bool()
         old_logprobs = None
@@ -309,6 +387,7 @@ class Trainer:
         n_total = float(action.sum())
         acc = _Accumulator()
         fresh_logprobs = []
+        total = torch.zeros((), device=self.device)
         self.actor_optim.zero_grad(set_to_none=True)
         for part, sl in zip(parts, _token_slices(parts), strict=True):
             lp, entropy = self._logprobs(part, True)
@@ -332,6 +411,7 @@ class Trainer:
                 loss = loss + algo.nll_coef * nll
                 loss_metrics.update(nll_metrics)
             loss.backward()
+            total = total + loss.detach()
             fresh_logprobs.append(lp.detach())
             n_action = float(mask.sum())
             # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
@@ -342,16 +422,23 @@ class Trainer:
             loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
             loss_metrics["actor/loss"] = loss.detach() * scale
             acc.add(loss_metrics, n_action)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.actor_params, self.optim.grad_clip))
-        lr = self.actor_optim.param_groups[0]["lr"]
-        self.actor_optim.step()
-        divergence = None
-        if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update forward
-            before = old_logprobs if old_logprobs is not None else torch.cat(fresh_logprobs)
-            divergence = self._divergence(batch, before)
-        update_advantage_state(
-            algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
+        norm = torch.nn.utils.clip_grad_norm_(
+            self.actor_params, self.optim.grad_clip, error_if_nonfinite=False
         )
+        grad_norm = float(norm)
+        lr = self.actor_optim.param_groups[0]["lr"]
+        applied = finite_update(total, norm)
+        divergence = None
+        if applied:
+            self.actor_optim.step()
+            if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update one
+                before = old_logprobs if old_logprobs is not None else torch.cat(fresh_logprobs)
+                divergence = self._divergence(batch, before)
+            update_advantage_state(
+                algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
+            )
+        else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
+            self.actor_optim.zero_grad(set_to_none=True)
         metrics = acc.means()
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(
@@ -363,7 +450,7 @@ class Trainer:
         )
         if divergence is not None:
             metrics[f"{algo.advantage}/divergence_mean"] = float(divergence.mean())  # spo/divergence_mean
-        return metrics
+        return metrics, applied
 
     def _logprobs(self, part: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         return token_logprobs(self.actor, part, temperature=self.temperature, with_entropy=with_entropy)
