@@ -194,6 +194,9 @@ async def evaluate(
     ``env_factory``: builds every episode's env (a training run's env with its kwargs; the turn limit is
     then ``settings.max_turns`` in the agent loop, not a constructor argument); None: each task's env by
     name, as the module docstring says."""
+    if env_factory is None:  # an env that cannot be built (bad name, no sandbox) fails here, not per sample
+        for name in sorted({name for tf in files for name in tf.envs}):
+            make_env(name)
     gate = asyncio.Semaphore(settings.concurrency)
 
     async def bounded(tf: TaskFile, task: Task, env_name: str, j: int) -> dict[str, Any]:
