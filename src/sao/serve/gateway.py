@@ -7,10 +7,11 @@ its session (``X-Session-Id`` header, or a ``session_id`` field in the body, e.g
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
 ``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``, ``GET /v1/stats``. Responses follow the OpenAI
-schema and add ``token_ids``, ``versions`` and per-token log-probs. Malformed requests get a 4xx with a
-reason and record nothing. Resources are bounded (`sao.serve.limits`, `sao.serve.registry`): open sessions
-(429), idle sessions (dropped as abandoned, never emitted), body size (413), requests in flight (503),
-the context (``max_tokens`` capped, a full prompt 400); 429 and 503 carry ``Retry-After``.
+schema and add ``token_ids``, ``versions`` and per-token log-probs (request and response shapes:
+`sao.serve.openai_api`). Malformed requests get a 4xx with a reason and record nothing. Resources are
+bounded (`sao.serve.limits`, `sao.serve.registry`): open sessions (429), idle sessions (dropped as
+abandoned, never emitted), body size (413), requests in flight (503), the context (``max_tokens`` capped,
+a full prompt 400); 429 and 503 carry ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import re
 import time
 import uuid
 from collections import deque
@@ -30,7 +30,6 @@ from typing import Any
 from fastapi import FastAPI, Header, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from sao.engine.types import (
     EngineCrashedError,
@@ -50,6 +49,14 @@ from .limits import (
     engine_context_limit,
     error_body,
 )
+from .openai_api import (
+    ChatRequest,
+    CompletionRequest,
+    RewardRequest,
+    logprobs_content,
+    sampling_params,
+    split_tool_calls,
+)
 from .registry import SessionEntry, SessionRegistry
 from .sessions import ChatSession
 
@@ -58,98 +65,6 @@ __all__ = ["create_app"]
 # Finished trajectories kept in ``app.state.finished`` for inspection (the sinks are on_trajectory and
 # output_path): the most recent ones only, so a long-running gateway's memory stays bounded.
 _KEEP_FINISHED = 10_000
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
-
-
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    role: str
-    content: str | None = None
-
-
-class _Common(BaseModel):
-    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields we do not use
-    model: str | None = None
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
-    stream: bool = False
-    session_id: str | None = None
-
-
-class ChatRequest(_Common):
-    messages: list[_Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    tools: list[dict[str, Any]] | None = None
-
-
-class CompletionRequest(_Common):
-    prompt: str | list[int]
-
-
-class RewardRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    reward: float | None = None
-    rewards: list[float] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-
-def _params(req: _Common, max_tokens: int | None, default_max_tokens: int, eos: list[int]) -> SamplingParams:
-    if req.n != 1:
-        raise HTTPException(400, "only n=1 is supported")
-    if req.stream:
-        raise HTTPException(400, "streaming is not supported; send stream=false")
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    params = SamplingParams(
-        max_new_tokens=max_tokens or default_max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        stop_token_ids=tuple(eos),
-        stop=stop,
-        seed=req.seed,
-    )
-    try:
-        params.validate()
-    except InvalidRequestError as err:
-        raise HTTPException(400, str(err)) from None
-    return params
-
-
-def _logprobs_content(tokenizer: Any, gen: Generation) -> list[dict[str, Any]]:
-    out = []
-    for tok, lp in zip(gen.token_ids, gen.logprobs, strict=True):
-        text = tokenizer.decode([tok], skip_special_tokens=False)
-        out.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-    return out
-
-
-def _split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks → OpenAI ``tool_calls`` (None if none parse)."""
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            args = call.get("arguments", {})
-            calls.append(
-                {
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": call["name"], "arguments": json.dumps(args)},
-                }
-            )
-    if not calls:
-        return text, None
-    content = _TOOL_CALL.sub("", text).strip()
-    return content or None, calls
 
 
 def create_app(
@@ -296,7 +211,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, x_session_id: str | None = Header(None)) -> dict[str, Any]:
-        params = _params(req, req.max_completion_tokens or req.max_tokens, default_max_tokens, eos)
+        params = sampling_params(req, req.max_completion_tokens or req.max_tokens, default_max_tokens, eos)
         named = x_session_id or req.session_id
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         registry.sweep()
@@ -312,7 +227,7 @@ def create_app(
                     registry.release(entry)
         eos_text = tokenizer.eos_token or ""
         visible = text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
-        content, tool_calls = _split_tool_calls(visible) if req.tools else (visible, None)
+        content, tool_calls = split_tool_calls(visible) if req.tools else (visible, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
@@ -330,7 +245,7 @@ def create_app(
                     "index": 0,
                     "message": message,
                     "finish_reason": finish,
-                    "logprobs": {"content": _logprobs_content(tokenizer, gen)},
+                    "logprobs": {"content": logprobs_content(tokenizer, gen)},
                     "token_ids": gen.token_ids,
                     "versions": gen.versions,
                 }
@@ -341,7 +256,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> dict[str, Any]:
-        params = _params(req, req.max_tokens, default_max_tokens, [])
+        params = sampling_params(req, req.max_tokens, default_max_tokens, [])
         prompt_ids = (
             req.prompt
             if isinstance(req.prompt, list)
