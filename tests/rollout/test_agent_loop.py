@@ -335,6 +335,9 @@ class Malformed(CounterEnv):
         (StepResult([], float("inf"), True), None, "reward inf"),
         (StepResult([], "1.0", True), None, "reward '1.0'"),
         (StepResult([], 1.0, "yes"), None, "done='yes'"),
+        (StepResult([], 1.0, 2), None, "done=2"),
+        (StepResult([], True, True), None, "reward True"),
+        (StepResult([], [1.0], True), None, "reward [1.0]"),
         (StepResult("just text", 1.0, False), None, "not a list of messages"),
         (StepResult([{"content": "no role"}], 1.0, False), None, "string 'role'"),
         (StepResult([{"role": "tool", "content": 7}], 1.0, False), None, "content of type int"),
@@ -349,6 +352,15 @@ def test_malformed_env_answers_drop_the_episode_as_env_error(tiny_moe_dir, tok, 
     err, _ = play(tiny_moe_dir, tok, env)
     assert isinstance(err, EpisodeError) and err.reason == "env_error" and says in str(err)
     assert env.closed == 1
+
+
+def test_env_answers_of_other_numeric_types_are_accepted_as_floats_and_bools(tiny_moe_dir, tok):
+    import numpy as np
+
+    for reward, done in ((np.float32(0.5), np.bool_(True)), (torch.tensor(0.5), 1), (1, torch.tensor(True))):
+        traj, _ = play(tiny_moe_dir, tok, Malformed(StepResult([], reward, done)))
+        assert traj.finish_reason == "stop" and traj.rewards[-1] == float(reward)
+        assert all(type(r) is float for r in traj.rewards)
 
 
 def test_the_sandbox_mode_of_a_code_running_env_is_recorded(tiny_moe_dir, tok):

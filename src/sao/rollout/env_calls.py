@@ -69,20 +69,32 @@ async def reset_env(env: Env, task: Task, timeout_s: float | None) -> list[Messa
 
 async def step_env(env: Env, text: str, timeout_s: float | None) -> StepResult:
     """``env.step(text)``, bounded and checked: a `StepResult`-like answer with a finite real reward, a
-    boolean ``done``, a list of messages and a mapping ``info``."""
+    boolean ``done`` (or 0/1), a list of messages and a mapping ``info``; the answer as a `StepResult`."""
     result = await _bounded(env.step(text), "env.step", timeout_s)
     missing = [name for name in ("observation", "reward", "done", "info") if not hasattr(result, name)]
     if missing:
         raise EpisodeError(f"env.step returned {type(result).__name__}, which has no {', '.join(missing)}")
-    reward, done, info = result.reward, result.done, result.info
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        raise EpisodeError(f"env.step returned reward {reward!r}: not a finite real number")
-    if not isinstance(done, bool):
+    reward, done, info = _real(result.reward), result.done, result.info
+    if reward is None:
+        raise EpisodeError(f"env.step returned reward {result.reward!r}: not a finite real number")
+    if isinstance(done, str) or done not in (True, False):  # bool, 0/1, numpy or torch booleans
         raise EpisodeError(f"env.step returned done={done!r}: not a bool")
     if not isinstance(info, Mapping):
         raise EpisodeError(f"env.step returned info of type {type(info).__name__}, not a mapping")
     observation = _check_messages(result.observation, "env.step observation")
-    return StepResult(observation, float(reward), done, dict(info))
+    return StepResult(observation, reward, bool(done), dict(info))
+
+
+def _real(value: Any) -> float | None:
+    """``value`` as a finite float (ints, numpy and 0-d torch numbers included), or None: a bool, a
+    string, NaN, an infinity or anything else is not a reward."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor with more than one element
+        return None
+    return number if math.isfinite(number) else None
 
 
 async def close_env(env: Env, timeout_s: float | None) -> str | None:
