@@ -54,6 +54,7 @@ def test_a_killed_engine_is_restarted_with_the_latest_weights_and_gives_up_after
         with pytest.raises(EngineCrashedError, match="exited with code -9"):
             await asyncio.wait_for(long, 30)
         short = SamplingParams(max_new_tokens=6, seed=0)
+        assert guard.context_limit == started[0].context_limit > 0
         gen = await asyncio.wait_for(guard.generate(prompt, short), 60)  # waits for the restart
         assert len(started) == 2 and guard.restarts == 1 and guard.version == 7 and set(gen.versions) == {7}
         # The restarted engine serves the pushed weights, not the checkpoint's: its log-probs match them.

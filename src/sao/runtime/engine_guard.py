@@ -30,6 +30,7 @@ from sao.engine.types import (
     SamplingParams,
     WeightsLike,
 )
+from sao.serve.limits import engine_context_limit
 
 from .faults import EngineFailedError
 
@@ -81,6 +82,11 @@ class SupervisedEngine:
     @property
     def version(self) -> int:
         return self._engine.version
+
+    @property
+    def context_limit(self) -> int | None:
+        """The serving engine's context limit in tokens (``context_limit`` or ``max_model_len``), if any."""
+        return engine_context_limit(self._engine)
 
     @property
     def alive(self) -> bool:
