@@ -238,6 +238,7 @@ def test_an_env_that_raises_in_step_drops_the_episode_as_env_error(tiny_moe_dir,
     err, rec = play(tiny_moe_dir, tok, env)
     assert isinstance(err, EpisodeError) and err.reason == "env_error"
     assert "turn 1: env.step failed: ValueError: counter broke" in str(err)
+    assert isinstance(err.__cause__, ValueError)  # the env's own exception, for the traceback
     assert len(rec.calls) == 2 and env.closed == 1
 
 
@@ -248,6 +249,7 @@ def test_engine_failures_drop_the_episode_as_engine_errors_or_crashes(tiny_moe_d
             err, _ = play(tiny_moe_dir, tok, env, fail_call=fail_call, fail_mode=mode)
             assert isinstance(err, EpisodeError) and err.reason == "engine_error" and env.closed == 1
             assert ("engine exploded" if mode == "raise" else "kv cache on fire") in str(err)
+            assert isinstance(err.__cause__, RuntimeError) if mode == "raise" else err.__cause__ is None
     env = CounterEnv(n_turns=5)
     err, _ = play(tiny_moe_dir, tok, env, fail_call=1, fail_mode="crash")
     assert isinstance(err, EpisodeError) and err.reason == "engine_crash" and "child died" in str(err)

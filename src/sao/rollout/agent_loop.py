@@ -269,21 +269,19 @@ class _Episode:
         self.infos: list[dict[str, Any]] = []
         self.finish: str = "max_turns"
 
-    def _fail(self, message: str, reason: str, cause: BaseException | None = None) -> EpisodeError:
-        err = EpisodeError(f"task {self.task.id!r}, turn {len(self.rewards)}: {message}", reason)
-        err.__cause__ = cause
-        return err
+    def _fail(self, message: str, reason: str) -> EpisodeError:
+        return EpisodeError(f"task {self.task.id!r}, turn {len(self.rewards)}: {message}", reason)
 
     async def play(self) -> None:
         """Reset the env, play turns until the episode ends, check the final rendering."""
         try:
             self.history = await reset_env(self.env, self.task, self.cfg.env_timeout_s)
         except EpisodeError as err:
-            raise self._fail(str(err), err.reason, err.__cause__) from None
+            raise self._fail(str(err), err.reason) from err.__cause__
         try:
             prompt_ids = self.rec.prompt(self.history)
         except Exception as err:
-            raise self._fail(f"rendering the prompt failed: {err}", "env_error", err) from None
+            raise self._fail(f"rendering the prompt failed: {err}", "env_error") from err
         for turn in range(self.max_turns):
             next_prompt = await self._turn(turn, prompt_ids)
             if next_prompt is None:
@@ -296,9 +294,9 @@ class _Episode:
         try:
             gen = await self.engine.generate(prompt_ids, params)
         except EngineCrashedError as err:
-            raise self._fail(f"engine crashed: {err}", "engine_crash", err) from None
+            raise self._fail(f"engine crashed: {err}", "engine_crash") from err
         except Exception as err:
-            raise self._fail(f"engine: {type(err).__name__}: {err}", "engine_error", err) from None
+            raise self._fail(f"engine: {type(err).__name__}: {err}", "engine_error") from err
         problem = _check_generation(gen)
         if problem is not None:
             raise self._fail(f"engine: {problem}", "engine_error")
@@ -341,7 +339,7 @@ class _Episode:
         try:
             result = await step_env(self.env, content, cfg.env_timeout_s)
         except EpisodeError as err:
-            raise self._fail(str(err), err.reason, err.__cause__) from None
+            raise self._fail(str(err), err.reason) from err.__cause__
         finally:
             timing["env_s"] = time.perf_counter() - t1
         self.rewards.append(result.reward)
@@ -357,7 +355,7 @@ class _Episode:
             raise
         except Exception as err:  # the template cannot render the env's messages
             why = f"rendering the observation: {type(err).__name__}: {err}"
-            raise self._fail(why, "env_error", err) from None
+            raise self._fail(why, "env_error") from err
         self.history.extend(result.observation)
         return next_prompt
 

@@ -96,10 +96,14 @@ class SupervisedEngine:
         """A step was trained: the restarts count starts over."""
         self._since_progress = 0
 
-    async def _serving(self) -> InferenceEngine:
-        """The engine to send a request to: after a restart in progress, if any."""
+    async def _restarted(self) -> None:
+        """Wait for a restart in progress, if any (never cancelling it)."""
         if self._restarting is not None:
             await asyncio.shield(self._restarting)
+
+    async def _serving(self) -> InferenceEngine:
+        """The engine to send a request to: after a restart in progress, if any."""
+        await self._restarted()
         if self.failed is not None:
             raise EngineCrashedError(str(self.failed))
         return self._engine
@@ -121,17 +125,17 @@ class SupervisedEngine:
     async def update_weights(self, weights: WeightsLike, version: int) -> None:
         """Load the weights; an engine that dies meanwhile is restarted with them (`EngineFailedError` once
         restarts are exhausted)."""
+        await self._restarted()
         if self.failed is not None:
             raise self.failed
-        engine = await self._serving()
+        engine = self._engine
         try:
             await engine.update_weights(weights, version)
         except Exception as err:
             if _alive(engine) or self._closing:
                 raise
             self._crashed(engine, f"{type(err).__name__}: {err}")
-            if self._restarting is not None:
-                await asyncio.shield(self._restarting)  # the restarted engine got the latest weights
+            await self._restarted()  # the restarted engine got the latest weights
             if self.failed is not None:
                 raise self.failed from err
 
@@ -147,7 +151,7 @@ class SupervisedEngine:
         try:
             with contextlib.suppress(Exception):
                 await dead.close()
-            while self.failed is None:
+            while True:
                 if self._since_progress >= self.max_restarts:
                     self._fail(why)
                     return

@@ -66,17 +66,18 @@ class Books:
         self.waited += record.wait_s
         busy = max(record.wait_s + record.train_s, 1e-9)
         s = self.staleness.stats()
+        engine = self.engine.stats()
         record.metrics.update(
             {
                 "throughput/trajectories_per_s": n / busy,
                 "throughput/tokens_per_s": record.batch.num_tokens / busy,
                 "runtime/trainer_idle_frac": self.waited / max(time.monotonic() - self.started_at, 1e-9),
-                "runtime/engine_idle_frac": self.engine.stats().get("idle_fraction", float("nan")),
+                "runtime/engine_idle_frac": engine.get("idle_fraction", float("nan")),
                 "runtime/queue_size": float(self.queue.qsize()),
                 "runtime/started": float(s.started),
                 "runtime/trained": float(s.trained),
                 "runtime/dropped": float(s.dropped),
-                "runtime/engine_restarts": self.engine.stats().get("restarts", 0.0),
+                "runtime/engine_restarts": engine.get("restarts", 0.0),
                 "policy/version": float(record.version),
             }
         )

@@ -287,8 +287,7 @@ class Run:
     def _stop_cleanly(self, err: BaseException) -> RunStopped:
         """Checkpoint the last trained step (the weights a skipped step left untouched) and say why."""
         step = self.trainer.step
-        latest = self.ckpts.latest()
-        if latest is None or latest.name != f"step_{step:08d}":
+        if self.ckpts.latest() != self.ckpts.path_for(step):
             self._save_checkpoint(step, self.clock.version)
         where = self.ckpts.latest()
         message = f"the run stopped at step {step}: {err}. Checkpoint: {where}; resume it with --resume"

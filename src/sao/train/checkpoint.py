@@ -194,7 +194,7 @@ class CheckpointManager:
         except (TypeError, ValueError) as err:
             raise TypeError(f"checkpoint meta for step {step} is not JSON-serialisable: {err}") from None
 
-        target = self.root / f"step_{step:08d}"
+        target = self.path_for(step)
         with atomic_dir(target) as stage:
             actor.save_pretrained(stage / "actor")
             if tokenizer is not None:
@@ -209,6 +209,10 @@ class CheckpointManager:
         self._write_latest(target.name)
         self.prune(keep=target)
         return target
+
+    def path_for(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is (or would be) written."""
+        return self.root / f"step_{step:08d}"
 
     def _write_latest(self, name: str) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{_LATEST}.tmp-", dir=self.root)
