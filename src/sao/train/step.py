@@ -34,6 +34,15 @@ optimizer steps only, and ``skipped_steps`` / ``critic_skipped_steps`` the skipp
 next `train_step` raises `TrainingDiverged` before it touches anything: the trainer is as the last step
 left it (that step returned its metrics normally, so a run has logged it and may checkpoint it).
 
+Sharded (FSDP) training: with a `Collective` over W ranks, every rank gets the whole batch and the indices
+of its own trajectories (``train_step(..., shard=)``; `sao.train.step_shard`). Forwards and backwards run
+on the rank's micro-batches, as many on every rank (padded with zero-weight ones); the per-token model
+outputs (V, π_old, the fresh log-probs SPO reads) are gathered into whole-batch order, so critic targets,
+advantages, loss denominators, the estimator's state and the metrics are the whole batch's, identical on
+every rank. Gradients must be *summed* over ranks (`sao.models.sharding` sets FSDP so): each rank's loss
+is its share of the whole-batch loss. The skip decision uses the summed loss and the global gradient norm,
+so it is the same on every rank. With `LocalCollective` (the default) the step is the single-process one.
+
 The trainer is built from its own config sections (``algo``, ``critic``, ``trainer``) and the sampling
 temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
 """
@@ -42,6 +51,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -68,8 +78,10 @@ from sao.models.forward import token_logprobs, token_values
 from sao.models.freezing import apply_freeze, trainable_parameters
 from sao.types import Batch
 
+from .collective import Collective, LocalCollective
 from .step_metrics import batch_metrics
 from .step_schedule import actor_lr_factor, critic_lr_factor
+from .step_shard import StepShard
 
 __all__ = ["Trainer", "TrainingDiverged", "finite_update"]
 
@@ -91,6 +103,14 @@ def finite_update(loss: Tensor, grad_norm: Tensor) -> bool:
     """Whether an optimizer step may be taken: the 0-d ``loss`` and total ``grad_norm`` are both finite
     (one host sync)."""
     return bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
+
+
+def _clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> Tensor:
+    """Clip the gradients in place to total norm ``max_norm``; returns the 0-d total norm before clipping
+    (over all ranks for sharded parameters: FSDP's norm is a replicated DTensor, returned as a tensor)."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor's (not imported: no distributed needed)
+    return full_tensor() if full_tensor is not None else norm
 
 
 def _advance(sched: torch.optim.lr_scheduler.LRScheduler, skipped: bool) -> None:
@@ -116,8 +136,16 @@ class _Accumulator:
             self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
             self.weights[name] = self.weights.get(name, 0.0) + weight
 
-    def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.weights[k] if self.weights[k] else 0.0 for k in self.sums}
+    def means(self, collective: Collective) -> dict[str, float]:
+        """The means over every rank's micro-batches (every rank has the same metric names)."""
+        sums, weights = self.sums, self.weights
+        if collective.world_size > 1:
+            names = sorted(sums)
+            total = collective.sum_floats([sums[k] for k in names] + [weights[k] for k in names])
+            n = len(names)
+            sums = dict(zip(names, total[:n], strict=True))
+            weights = dict(zip(names, total[n:], strict=True))
+        return {k: sums[k] / weights[k] if weights[k] else 0.0 for k in sums}
 
 
 def _token_slices(parts: list[Batch]) -> list[slice]:
@@ -139,6 +167,9 @@ class Trainer:
         algo: estimator, loss and critic schedule. critic_cfg: critic optimizer, clip, warm-ups.
         optim: the actor optimizer, schedule and micro-batching (``trainer`` section).
         temperature: the engine's sampling temperature (log-probs are taken at it; 0 means greedy → 1).
+        collective: the reductions over the trainer's ranks (default `LocalCollective`: one process). With
+            more than one rank the models are FSDP-sharded with summed gradients (`sao.models.sharding`)
+            and every ``train_step`` passes the rank's ``shard``.
     """
 
     def __init__(
@@ -150,12 +181,14 @@ class Trainer:
         optim: TrainerConfig,
         *,
         temperature: float = 1.0,
+        collective: Collective | None = None,
     ) -> None:
         if algo.uses_critic and critic is None:
             raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
         self.actor, self.critic = actor, critic
         self.algo, self.critic_cfg, self.optim = algo, critic_cfg, optim
         self.device = next(actor.parameters()).device
+        self.collective: Collective = collective if collective is not None else LocalCollective()
         self.temperature = temperature if temperature > 0 else 1.0
         self.params = AdvantageParams.from_config(algo)
         self.estimator = get_advantage_estimator(algo.advantage)
@@ -200,9 +233,12 @@ class Trainer:
 
     # ---- state -------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """Optimizers, schedulers, counters and the advantage-estimator state (not the model weights)."""
-        return {
+    def state_dict(self, optimizers: bool = True) -> dict[str, Any]:
+        """Optimizers, schedulers, counters and the advantage-estimator state (not the model weights).
+
+        ``optimizers=False`` leaves the optimizer states out (``actor_optim`` / ``critic_optim`` absent): a
+        sharded trainer's are saved with the weights (`sao.train.dcp`); the rest is the same on every rank."""
+        state = {
             "step": self.step,
             "actor_steps": self.actor_steps,
             "critic_steps": self.critic_steps,
@@ -210,15 +246,19 @@ class Trainer:
             "skipped_steps": self.skipped_steps,
             "critic_skipped_steps": self.critic_skipped_steps,
             "consecutive_skips": self.consecutive_skips,
-            "actor_optim": self.actor_optim.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
-            "critic_optim": self.critic_optim.state_dict() if self.critic_optim else None,
             "critic_sched": self.critic_sched.state_dict() if self.critic_sched else None,
             "adv_state": copy.deepcopy(self.adv_state.state_dict()) if self.adv_state is not None else None,
         }
+        if optimizers:
+            state["actor_optim"] = self.actor_optim.state_dict()
+            state["critic_optim"] = self.critic_optim.state_dict() if self.critic_optim else None
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if (state["critic_optim"] is None) != (self.critic_optim is None):
+        """Restore `state_dict`'s output; without ``actor_optim`` (``optimizers=False``) the optimizers are
+        left as they are (load them with the weights)."""
+        if (state["critic_sched"] is None) != (self.critic_sched is None):
             raise ValueError("trainer state and this trainer disagree on whether there is a critic")
         self.step, self.actor_steps = state["step"], state["actor_steps"]
         self.critic_steps, self.trained_tokens = state["critic_steps"], state["trained_tokens"]
@@ -226,10 +266,13 @@ class Trainer:
         self.skipped_steps = state.get("skipped_steps", 0)
         self.critic_skipped_steps = state.get("critic_skipped_steps", 0)
         self.consecutive_skips = state.get("consecutive_skips", 0)
-        self.actor_optim.load_state_dict(state["actor_optim"])
+        with_optimizers = "actor_optim" in state
+        if with_optimizers:
+            self.actor_optim.load_state_dict(state["actor_optim"])
         self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic_optim is not None and self.critic_sched is not None:
-            self.critic_optim.load_state_dict(state["critic_optim"])
+            if with_optimizers:
+                self.critic_optim.load_state_dict(state["critic_optim"])
             self.critic_sched.load_state_dict(state["critic_sched"])
         if self.adv_state is not None:
             self.adv_state.load_state_dict(copy.deepcopy(state["adv_state"]))
@@ -241,25 +284,31 @@ class Trainer:
 
     # ---- the step ----------------------------------------------------------------------------------
 
-    def train_step(self, batch: Batch, *, policy_version: int) -> dict[str, float]:
+    def train_step(
+        self, batch: Batch, *, policy_version: int, shard: Sequence[int] | None = None
+    ) -> dict[str, float]:
         """One trainer step on ``batch`` (module docstring); returns float metrics (docs/training.md).
+
+        ``shard``: with more than one rank, the indices of the trajectories this rank trains on; the
+        ranks' shards partition the batch (any partition gives the same update; ValueError otherwise).
+        None: the whole batch (one process). The metrics are the whole batch's on every rank.
 
         Raises `TrainingDiverged`, changing nothing, when more than ``trainer.max_consecutive_skips`` actor
         steps in a row were skipped."""
         if self.consecutive_skips > self.optim.max_consecutive_skips:
             raise TrainingDiverged(self.consecutive_skips, self.optim.max_consecutive_skips)
         batch = batch.to(self.device)
-        parts = batch.split(self.optim.micro_batch_tokens)
+        step = StepShard.build(batch, shard, self.optim.micro_batch_tokens, self.collective)
         metrics = batch_metrics(batch, policy_version)
         values = None
         critic_skips = self.critic_skipped_steps
         if self.uses_critic:
-            values, critic_metrics = self._critic_phase(batch, parts)
+            values, critic_metrics = self._critic_phase(batch, step)
             metrics.update(critic_metrics)
         actor_trains = not self.critic_warming_up
         updated = False
         if actor_trains:
-            actor_metrics, updated = self._actor_phase(batch, parts, values)
+            actor_metrics, updated = self._actor_phase(batch, step, values)
             metrics.update(actor_metrics)
             # a skipped step advances the schedule too: it follows the step budget
             _advance(self.actor_sched, not updated)
@@ -303,25 +352,28 @@ class Trainer:
         assert self.critic is not None
         return torch.cat([token_values(self.critic, part).float() for part in parts])
 
-    def _critic_phase(self, batch: Batch, parts: list[Batch]) -> tuple[Tensor, dict[str, float]]:
-        """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic."""
+    def _critic_phase(self, batch: Batch, step: StepShard) -> tuple[Tensor, dict[str, float]]:
+        """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic.
+        Returns the whole batch's ``(T,)`` values and the metrics."""
         assert self.critic is not None and self.critic_optim is not None
         ccfg = self.critic_cfg
         k_critic = self.algo.k_critic
+        parts = step.parts
         # One micro-batch: the first critic step's forward (with grad) also gives the pre-update values the
         # targets need, so the separate no-grad forward is skipped (same values: same weights, same input).
         first: Tensor | None = None
         if len(parts) == 1 and k_critic >= 1:
             first = token_values(self.critic, parts[0]).float()
-            old_values = first.detach()
+            old_values = step.gather(first.detach())
         else:
-            old_values = self._values(parts)
+            old_values = step.gather(self._values(parts))
         targets = critic_targets(self.algo.advantage, self._inputs(batch, old_values), self.params)
         returns = targets.returns.detach()
         mask = (batch.action_mask if targets.value_mask is None else targets.value_mask).bool()
         metrics = {"critic/explained_variance": explained_variance(old_values, returns, mask)}
         denominator = max(float(mask.sum()), 1.0)
         slices = _token_slices(parts)
+        local_returns, local_mask, local_old = step.local(returns), step.local(mask), step.local(old_values)
         losses, norms = [], []
         for _ in range(k_critic):
             self.critic_optim.zero_grad(set_to_none=True)
@@ -330,14 +382,13 @@ class Trainer:
                 v = first if first is not None else token_values(self.critic, part).float()
                 first = None
                 loss, _ = value_loss(
-                    v, returns[sl], mask[sl], old_values[sl], ccfg.value_clip,
+                    v, local_returns[sl], local_mask[sl], local_old[sl], ccfg.value_clip,
                     denominator=denominator, with_metrics=False,
                 )  # fmt: skip
                 loss.backward()
                 total = total + loss.detach()
-            norm = torch.nn.utils.clip_grad_norm_(
-                self.critic_params, ccfg.grad_clip, error_if_nonfinite=False
-            )
+            norm = _clip_grad_norm(self.critic_params, ccfg.grad_clip)
+            total = self.collective.sum(total)  # the whole batch's loss: the same skip decision everywhere
             if finite_update(total, norm):
                 self.critic_optim.step()
                 self.critic_steps += 1
@@ -359,31 +410,35 @@ class Trainer:
         )
         values = old_values
         if ccfg.recompute_values:
-            values = self._values(parts)
+            values = step.gather(self._values(parts))
             metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
         return values, metrics
 
     def _actor_phase(
-        self, batch: Batch, parts: list[Batch], values: Tensor | None
+        self, batch: Batch, step: StepShard, values: Tensor | None
     ) -> tuple[dict[str, float], bool]:
         """Steps 4–6: policy advantages, one actor optimizer step over the micro-batches, the estimator's
         state update. Returns the metrics and whether the step was applied (False: skipped, non-finite)."""
         algo = self.algo
+        parts = step.parts
         action = batch.action_mask.bool()
-        old_logprobs = None
+        old_logprobs = None  # (T,) the whole batch's
         if algo.needs_old_logprobs:
             with torch.no_grad():
-                old_logprobs = torch.cat([self._logprobs(part, False)[0] for part in parts])
+                old_logprobs = step.gather(torch.cat([self._logprobs(part, False)[0] for part in parts]))
             self.old_logprob_forwards += 1
         inputs = self._inputs(batch, values)
         result = estimate_advantages(algo.advantage, inputs, self.params, self.adv_state)
-        advantages = result.advantages.detach()
+        advantages = step.local(result.advantages.detach())
         reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
         assert reference is not None
+        reference = step.local(reference)
         positive = (batch.outcome_rewards > 0)[batch.seq_ids]
         agg = algo.loss_agg
+        # whole-batch counts: the ranks' micro-batch losses add up to the batch's loss
         den = self._denominator(batch, action, agg)
         pos_den = self._denominator(batch, action & positive, agg)
+        positive = step.local(positive)
         n_total = float(action.sum())
         acc = _Accumulator()
         fresh_logprobs = []
@@ -422,24 +477,22 @@ class Trainer:
             loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
             loss_metrics["actor/loss"] = loss.detach() * scale
             acc.add(loss_metrics, n_action)
-        norm = torch.nn.utils.clip_grad_norm_(
-            self.actor_params, self.optim.grad_clip, error_if_nonfinite=False
-        )
+        norm = _clip_grad_norm(self.actor_params, self.optim.grad_clip)
         grad_norm = float(norm)
         lr = self.actor_optim.param_groups[0]["lr"]
-        applied = finite_update(total, norm)
+        applied = finite_update(self.collective.sum(total), norm)
         divergence = None
         if applied:
             self.actor_optim.step()
             if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update one
-                before = old_logprobs if old_logprobs is not None else torch.cat(fresh_logprobs)
+                before = old_logprobs if old_logprobs is not None else step.gather(torch.cat(fresh_logprobs))
                 divergence = self._divergence(batch, before)
             update_advantage_state(
                 algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
             )
         else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
             self.actor_optim.zero_grad(set_to_none=True)
-        metrics = acc.means()
+        metrics = acc.means(self.collective)
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(
             {
