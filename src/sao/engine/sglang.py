@@ -27,7 +27,7 @@ with the new weights); ``POST /update_weights_from_disk`` (``model_path``: a che
 older than 0.5.6, whose ``/pause_generation`` aborts everything, are updated without a pause (their weight
 update waits for running requests to finish). ``/update_weights_from_tensor`` (same-GPU tensor handles) and
 ``/update_weights_from_distributed`` (an NCCL group with the trainer) are the paths for co-located and
-multi-node GPU training; they need a GPU trainer and are not used here.
+multi-node GPU training; the latter is `SGLangEngine.native_update` (`sao.engine.native_sync`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,16 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from torch import Tensor
 
 from sao.engine.http_server import HTTPEngine, TokenDelta, checked_prompt
+from sao.engine.native_sync import push_sglang_native
 from sao.engine.server_process import free_port
 from sao.engine.types import FinishReason, Generation, SamplingParams
 
@@ -312,3 +315,33 @@ class SGLangEngine(HTTPEngine):
         result = (await self._post("/update_weights_from_disk", json=dict(body))).json()
         if not result.get("success", False):
             raise RuntimeError(f"SGLang update_weights_from_disk failed: {result.get('message', result)}")
+
+    async def native_update(
+        self,
+        state: Mapping[str, Tensor],
+        version: int,
+        send: Callable[[], Awaitable[Any]],
+        **kwargs: Any,
+    ) -> None:
+        """Load ``state`` (engine names, experts unfused, in the served dtype) as ``version`` over the
+        server's weight-update group (joined before, `sao.engine.native_sync.init_sglang_native`; pass its
+        ``group_name`` in ``kwargs`` if not the default) while ``send()`` broadcasts the same tensors in order
+        (`sao.engine.native_sync.broadcast_each`). Paused and versions committed as in `update_weights`;
+        ``kwargs`` go to `push_sglang_native`. Raises `ServerError` or ``send``'s error (the version is then
+        unchanged)."""
+        if self._closing:
+            raise RuntimeError("engine is closed")
+        mode = "retract" if self.recompute_kv_on_update else "in_place"
+        async with self._update_lock:
+            started = time.perf_counter()
+            try:
+                await push_sglang_native(
+                    self._client, self.base_url, state, send, weight_version=str(version), mode=mode,
+                    flush_cache=mode == "retract", pause=self.pause_modes, on_paused=self._mark_paused,
+                    on_loaded=lambda: self._commit_version(version), **kwargs,
+                )  # fmt: skip
+            finally:
+                if self._paused_at is not None:
+                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
+            self._counters["updates"] += 1
+            self._last_update_latency_s = time.perf_counter() - started

@@ -19,8 +19,9 @@ Weight updates need the server's RL and dev endpoints (``VLLM_SERVER_DEV_MODE=1`
 engine's output queue is drained; ``POST /collective_rpc`` ``reload_weights(weights_path=DIR)`` reloads in
 place from a safetensors directory (a state dict is first written there, experts unfused, by
 `sao.engine.weights.write_update_dir`); then, if needed, ``/reset_prefix_cache``; then ``POST /resume``.
-Versions are attributed as `sao.engine.http_server` describes. vLLM's NCCL/IPC weight-transfer endpoints
-(``/init_weight_transfer_engine``, ``/update_weights``) need GPUs on both sides and are not used here.
+Versions are attributed as `sao.engine.http_server` describes. `VLLMEngine.native_update` takes the other
+path, vLLM's NCCL weight transfer (``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``,
+`sao.engine.native_sync`): no file, but CUDA on both sides.
 
 KV of in-flight requests. By default their cached KV (computed by the old weights) is kept: later tokens come
 from the new weights reading a prefix encoded by the old ones. With ``recompute_kv_on_update=True`` the
@@ -38,13 +39,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
+from torch import Tensor
 
 from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta, checked_prompt
+from sao.engine.native_sync import push_vllm_native
 from sao.engine.server_process import free_port
 from sao.engine.types import FinishReason, SamplingParams
 
@@ -254,12 +258,42 @@ class VLLMEngine(HTTPEngine):
         try:
             rpc = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
             await self._post_rl("/collective_rpc", json=rpc)
-            if self.recompute_kv_on_update or self.prefix_caching:
-                reset = "true" if self.recompute_kv_on_update else "false"
-                await self._post_rl("/reset_prefix_cache", params={"reset_running_requests": reset})
-            await self._commit_version(version)
+            await self._after_load(version)
         finally:
             await self._post_rl("/resume")
+
+    async def _after_load(self, version: int) -> None:
+        if self.recompute_kv_on_update or self.prefix_caching:
+            reset = "true" if self.recompute_kv_on_update else "false"
+            await self._post_rl("/reset_prefix_cache", params={"reset_running_requests": reset})
+        await self._commit_version(version)
+
+    async def native_update(
+        self,
+        state: Mapping[str, Tensor],
+        version: int,
+        send: Callable[[], Awaitable[Any]],
+        **kwargs: Any,
+    ) -> None:
+        """Load ``state`` (engine names, experts unfused, in the served dtype) as ``version`` over the
+        server's weight-transfer group (joined before, `sao.engine.native_sync.init_vllm_native`) while
+        ``send()`` broadcasts the same tensors in order (`sao.engine.native_sync.broadcast_each`). Paused,
+        prefix cache reset and versions committed as in `update_weights`; ``kwargs`` go to
+        `push_vllm_native`. Raises `ServerError` or ``send``'s error (the version is then unchanged)."""
+        if self._closing:
+            raise RuntimeError("engine is closed")
+        async with self._update_lock:
+            started = time.perf_counter()
+            try:
+                await push_vllm_native(
+                    self._client, self.base_url, state, send, weight_version=str(version),
+                    on_paused=self._mark_paused, on_loaded=lambda: self._after_load(version), **kwargs,
+                )  # fmt: skip
+            finally:
+                if self._paused_at is not None:
+                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
+            self._counters["updates"] += 1
+            self._last_update_latency_s = time.perf_counter() - started
 
     async def _post_rl(self, path: str, **kwargs: Any) -> httpx.Response:
         try:

@@ -1,0 +1,381 @@
+"""Native weight transfer into vLLM and SGLang servers: the request bodies and the order of the calls.
+
+Instead of reloading from a directory, a server can receive new weights over a collective group it shares
+with the trainer, which is rank 0 of that group; a server's workers are ranks ``rank_offset`` and up. The
+HTTP calls carry only metadata (names, dtypes, shapes); the tensors travel in the group. Two calls block
+until the trainer's side of the group does its part, so each must run *concurrently* with it, never before
+or after (that deadlocks until a timeout):
+
+- init (vLLM ``/init_weight_transfer_engine``, SGLang ``/init_weights_update_group``) returns once the
+  server's workers have joined the group, which needs the trainer joining at the same time
+  (`init_vllm_native`, `init_sglang_native`; ``join`` is the trainer side, e.g. a thread running
+  `sao.engine.weight_broadcast.open_sync_group` for SGLang, vLLM's ``trainer_init`` for vLLM);
+- the update (vLLM ``/update_weights``, SGLang ``/update_weights_from_distributed``) returns once every
+  tensor is received and loaded, which needs the trainer broadcasting them (``send``).
+
+Wire order and packing. Both servers, unpacked, receive one broadcast per tensor from rank 0, in the order
+of ``names``, each of exactly its dtype and shape (vLLM: ``NCCLWeightTransferEngine.receive_weights`` with
+``packed`` false; SGLang: ``update_weights_from_distributed`` without a ``load_format``). The bodies here
+list ``state`` in its iteration order and `broadcast_each` sends ``state.values()`` in that order, so a
+``send`` built on it agrees with the body. vLLM's packed mode (several tensors per broadcast, buffer sizes
+agreed at init or in the server's ``--weight-transfer-config``) and SGLang's ``flattened_bucket`` are not
+used: where a vLLM release defaults to packed, start it with ``"packed": false`` in that config.
+
+The group. SGLang's workers join a torch process group, whose trainer end is `open_sync_group` with
+``backend="nccl"`` and the same ``group_name`` (same store layout; SGLang also takes ``backend="gloo"``, but
+then torch builds a gloo backend for CUDA tensors too, which `open_sync_group` does not). vLLM's NCCL engine
+joins with its own ``StatelessProcessGroup`` + ``PyNcclCommunicator``: the trainer end must be vLLM's
+``trainer_init`` (vLLM installed on the trainer); that communicator has the ``broadcast(tensor, src)`` that
+`broadcast_each` uses. vLLM's released transfer engines (nccl, ipc, sparse_nccl) all need CUDA.
+
+Several servers in one group: every server's push must be in flight while the one broadcast runs. Run
+their pushes concurrently with one shared send, e.g. ``task = asyncio.create_task(...)`` and
+``send = lambda: asyncio.shield(task)`` (the shield keeps one failing push from cancelling the others' send).
+
+Failures. The pushes resume generation in a ``finally`` whatever fails; if the update call or ``send``
+fails, the other is cancelled and awaited, and the first error is raised. A ``send`` blocked in a thread
+cannot be interrupted: it ends at the group's timeout. After a failed transfer the server's weights are
+partly updated and the group should be considered broken (re-init it, or reload from a checkpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+import httpx
+import torch
+from torch import Tensor
+
+from sao.engine.http_protocol import ServerError, error_message
+
+__all__ = [
+    "Broadcaster",
+    "broadcast_each",
+    "init_sglang_native",
+    "init_vllm_native",
+    "push_sglang_native",
+    "push_vllm_native",
+    "run_concurrently",
+    "sglang_init_body",
+    "sglang_update_body",
+    "tensor_specs",
+    "vllm_init_body",
+    "vllm_update_body",
+]
+
+T = TypeVar("T")
+SGLANG_GROUP = "weight_update_group"  # SGLang's default group name
+
+
+class Broadcaster(Protocol):
+    """What sends one tensor to a group: `sao.engine.weight_broadcast.SyncGroup` or vLLM's
+    ``PyNcclCommunicator``."""
+
+    def broadcast(self, tensor: Tensor, src: int = 0) -> Any: ...
+
+
+# ---- bodies ------------------------------------------------------------------------------------------------
+
+
+def tensor_specs(state: Mapping[str, Tensor]) -> tuple[list[str], list[str], list[list[int]]]:
+    """``(names, dtype names, shapes)`` of ``state`` in its iteration order; dtype names as the servers
+    parse them (``getattr(torch, name)``: ``"bfloat16"``, ``"float32"``)."""
+    names = list(state)
+    dtypes = [str(t.dtype).removeprefix("torch.") for t in state.values()]
+    shapes = [list(t.shape) for t in state.values()]
+    return names, dtypes, shapes
+
+
+def vllm_init_body(
+    master_address: str, master_port: int, rank_offset: int, world_size: int, **extra: Any
+) -> dict[str, Any]:
+    """Body of vLLM's ``POST /init_weight_transfer_engine`` (NCCL backend, ``NCCLWeightTransferInitInfo``).
+    ``world_size``: the trainer plus every worker of every server in the group. ``extra``: further
+    ``init_info`` fields of the server's release (vLLM refuses unknown ones)."""
+    info = {
+        "master_address": master_address,
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+    }
+    return {"init_info": {**info, **extra}}
+
+
+def vllm_update_body(
+    names: Sequence[str], dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], **extra: Any
+) -> dict[str, Any]:
+    """Body of vLLM's ``POST /update_weights`` (``NCCLWeightTransferUpdateInfo``). ``extra``: further
+    ``update_info`` fields of the server's release, e.g. ``packed=False`` where it is one (vLLM refuses
+    unknown ones). Raises ValueError if the three lists differ in length."""
+    if not len(names) == len(dtype_names) == len(shapes):
+        raise ValueError(f"{len(names)} names, {len(dtype_names)} dtypes, {len(shapes)} shapes")
+    info = {"names": list(names), "dtype_names": list(dtype_names), "shapes": [list(s) for s in shapes]}
+    return {"update_info": {**info, **extra}}
+
+
+def sglang_init_body(
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    *,
+    group_name: str = SGLANG_GROUP,
+    backend: str = "nccl",
+) -> dict[str, Any]:
+    """Body of SGLang's ``POST /init_weights_update_group`` (``InitWeightsUpdateGroupReqInput``)."""
+    return {
+        "master_address": master_address,
+        "master_port": int(master_port),
+        "rank_offset": int(rank_offset),
+        "world_size": int(world_size),
+        "group_name": group_name,
+        "backend": backend,
+    }
+
+
+def sglang_update_body(
+    names: Sequence[str],
+    dtypes: Sequence[str],
+    shapes: Sequence[Sequence[int]],
+    *,
+    group_name: str = SGLANG_GROUP,
+    weight_version: str | None = None,
+    flush_cache: bool = False,
+) -> dict[str, Any]:
+    """Body of SGLang's ``POST /update_weights_from_distributed`` (``UpdateWeightsFromDistributedReqInput``).
+    ``flush_cache`` false keeps the KV of requests paused in place (a flush would drop it); nothing is
+    aborted. Raises ValueError if the three lists differ in length."""
+    if not len(names) == len(dtypes) == len(shapes):
+        raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes")
+    body: dict[str, Any] = {
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "shapes": [list(s) for s in shapes],
+        "group_name": group_name,
+        "flush_cache": flush_cache,
+        "abort_all_requests": False,
+    }
+    if weight_version is not None:
+        body["weight_version"] = weight_version
+    return body
+
+
+def broadcast_each(group: Broadcaster, state: Mapping[str, Tensor], device: torch.device | str) -> None:
+    """Broadcast every tensor of ``state`` from rank 0, one call each, in iteration order, as it is (dtype
+    and shape), moved to ``device`` and made contiguous: what both servers receive, unpacked, for a body
+    built from the same ``state``. Blocking: run it in a thread (``asyncio.to_thread``) as the ``send``."""
+    for tensor in state.values():
+        group.broadcast(tensor.detach().to(device).contiguous(), src=0)
+
+
+# ---- calls -------------------------------------------------------------------------------------------------
+
+
+async def run_concurrently(call: Awaitable[T], send: Callable[[], Awaitable[Any]]) -> T:
+    """Await ``call`` and ``send()`` together; return ``call``'s result. If either fails, the other is
+    cancelled and awaited, then the failure is raised (``call``'s first if both failed)."""
+
+    async def run_send() -> None:
+        await send()
+
+    call_task, send_task = asyncio.ensure_future(call), asyncio.ensure_future(run_send())
+    tasks = (call_task, send_task)
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return call_task.result()
+
+
+async def _post_checked(
+    client: httpx.AsyncClient, url: str, what: str, timeout_s: float, **kwargs: Any
+) -> httpx.Response:
+    """POST; `ServerError` (with the status) unless 200 and, for a body with ``success``, success."""
+    response = await client.post(url, timeout=timeout_s, **kwargs)
+    if response.status_code != 200:
+        message = error_message(response.text)
+        raise ServerError(f"{url} ({what}) failed ({response.status_code}): {message}", response.status_code)
+    try:
+        result = response.json()
+    except ValueError:
+        return response
+    if isinstance(result, Mapping) and result.get("success") is False:
+        raise ServerError(f"{url} ({what}) failed: {result.get('message', result)}", response.status_code)
+    return response
+
+
+async def init_vllm_native(
+    client: httpx.AsyncClient,
+    base_url: str,
+    join: Callable[[], Awaitable[T]],
+    *,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    init_extra: Mapping[str, Any] | None = None,
+    timeout_s: float = 600.0,
+) -> T:
+    """``POST /init_weight_transfer_engine`` to the vLLM server at ``base_url`` concurrently with ``join()``
+    (the trainer joining the same group as rank 0); return what ``join`` returns. Raises `ServerError`."""
+    body = vllm_init_body(master_address, master_port, rank_offset, world_size, **(init_extra or {}))
+    url = base_url.rstrip("/") + "/init_weight_transfer_engine"
+    joined: list[T] = []
+
+    async def run_join() -> None:
+        joined.append(await join())
+
+    await run_concurrently(
+        _post_checked(client, url, "vLLM weight transfer init", timeout_s, json=body), run_join
+    )
+    return joined[0]
+
+
+async def init_sglang_native(
+    client: httpx.AsyncClient,
+    base_url: str,
+    join: Callable[[], Awaitable[T]],
+    *,
+    master_address: str,
+    master_port: int,
+    rank_offset: int,
+    world_size: int,
+    group_name: str = SGLANG_GROUP,
+    backend: str = "nccl",
+    timeout_s: float = 600.0,
+) -> T:
+    """``POST /init_weights_update_group`` to the SGLang server at ``base_url`` concurrently with ``join()``;
+    return what ``join`` returns. Raises `ServerError` (also for ``success: false``)."""
+    body = sglang_init_body(
+        master_address, master_port, rank_offset, world_size, group_name=group_name, backend=backend
+    )
+    url = base_url.rstrip("/") + "/init_weights_update_group"
+    joined: list[T] = []
+
+    async def run_join() -> None:
+        joined.append(await join())
+
+    await run_concurrently(_post_checked(client, url, "SGLang group init", timeout_s, json=body), run_join)
+    return joined[0]
+
+
+async def _then_always(steps: Awaitable[None], finally_: Awaitable[Any]) -> None:
+    """Await ``steps`` then ``finally_``, which runs even if ``steps`` fails or is cancelled; the first
+    error wins (a failure of ``finally_`` after one of ``steps`` is dropped, not raised over it)."""
+    try:
+        await steps
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await finally_
+        raise
+    await finally_
+
+
+async def _maybe(hook: Callable[[], Any] | None) -> None:
+    if hook is not None:
+        result = hook()
+        if asyncio.iscoroutine(result):
+            await result
+
+
+async def push_vllm_native(
+    client: httpx.AsyncClient,
+    base_url: str,
+    state: Mapping[str, Tensor],
+    send: Callable[[], Awaitable[Any]],
+    *,
+    weight_version: str | None = None,
+    update_extra: Mapping[str, Any] | None = None,
+    on_paused: Callable[[], Any] | None = None,
+    on_loaded: Callable[[], Any] | None = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """Load ``state`` (engine names; only its names, dtypes and shapes are read) into the vLLM server at
+    ``base_url`` while ``send()`` broadcasts the same tensors (`broadcast_each`).
+
+    Order: ``POST /pause?mode=keep`` (requests freeze in the scheduler, none aborted), ``on_paused()``,
+    ``POST /start_weight_update`` (``is_checkpoint_format``: checkpoint names and layout, loaded layer by
+    layer), ``POST /update_weights`` concurrently with ``send()``, ``POST /finish_weight_update`` (per-layer
+    post-processing; ``weight_version``), ``on_loaded()`` (still paused; sync or async), and always
+    ``POST /resume``. Needs ``VLLM_SERVER_DEV_MODE=1`` on the server. Raises `ServerError` or ``send``'s
+    error (see the module docstring).
+    """
+    base = base_url.rstrip("/")
+    names, dtypes, shapes = tensor_specs(state)
+    update = vllm_update_body(names, dtypes, shapes, **(update_extra or {}))
+
+    async def steps() -> None:
+        response = await client.post(f"{base}/pause", params={"mode": "keep"}, timeout=timeout_s)
+        if response.status_code == 404:
+            raise ServerError(f"vLLM at {base} has no /pause: start it with VLLM_SERVER_DEV_MODE=1", 404)
+        if response.status_code != 200:
+            message = error_message(response.text)
+            raise ServerError(f"vLLM /pause failed ({response.status_code}): {message}", response.status_code)
+        await _maybe(on_paused)
+        start = {"is_checkpoint_format": True}
+        await _post_checked(client, f"{base}/start_weight_update", "vLLM start", timeout_s, json=start)
+        loading = _post_checked(client, f"{base}/update_weights", "vLLM update", timeout_s, json=update)
+        await run_concurrently(loading, send)
+        finish = {"weight_version": weight_version}
+        await _post_checked(client, f"{base}/finish_weight_update", "vLLM finish", timeout_s, json=finish)
+        await _maybe(on_loaded)
+
+    await _then_always(steps(), _post_checked(client, f"{base}/resume", "vLLM resume", timeout_s))
+
+
+async def push_sglang_native(
+    client: httpx.AsyncClient,
+    base_url: str,
+    state: Mapping[str, Tensor],
+    send: Callable[[], Awaitable[Any]],
+    *,
+    group_name: str = SGLANG_GROUP,
+    weight_version: str | None = None,
+    mode: str = "in_place",
+    flush_cache: bool = False,
+    pause: bool = True,
+    on_paused: Callable[[], Any] | None = None,
+    on_loaded: Callable[[], Any] | None = None,
+    timeout_s: float = 600.0,
+) -> None:
+    """Load ``state`` (engine names; only its names, dtypes and shapes are read) into the SGLang server at
+    ``base_url`` while ``send()`` broadcasts the same tensors (`broadcast_each`) in group ``group_name``.
+
+    Order: ``POST /pause_generation`` with ``mode`` (``"in_place"``: requests keep their KV;
+    ``"retract"``: they are re-prefilled, and then ``flush_cache`` may be true), ``on_paused()``,
+    ``POST /update_weights_from_distributed`` concurrently with ``send()``, ``on_loaded()`` (still paused),
+    and always ``POST /continue_generation``. ``pause=False`` skips pause and continue (servers before
+    0.5.6, whose pause aborts everything). Raises `ServerError` (also for ``success: false``) or ``send``'s
+    error (see the module docstring).
+    """
+    base = base_url.rstrip("/")
+    names, dtypes, shapes = tensor_specs(state)
+    body = sglang_update_body(
+        names, dtypes, shapes, group_name=group_name, weight_version=weight_version, flush_cache=flush_cache
+    )
+
+    async def steps() -> None:
+        if pause:
+            await _post_checked(
+                client, f"{base}/pause_generation", "SGLang pause", timeout_s, json={"mode": mode}
+            )
+        await _maybe(on_paused)
+        url = f"{base}/update_weights_from_distributed"
+        await run_concurrently(_post_checked(client, url, "SGLang update", timeout_s, json=body), send)
+        await _maybe(on_loaded)
+
+    if not pause:
+        await steps()
+        return
+    await _then_always(
+        steps(), _post_checked(client, f"{base}/continue_generation", "SGLang continue", timeout_s, json={})
+    )
