@@ -262,3 +262,52 @@ def test_quickstart_loads() -> None:
     assert (cfg.model.path, cfg.model.tiny_arch) == ("runs/quickstart/sft", None)  # written by make demo
     assert (cfg.algo.preset, cfg.data.env, cfg.logging.run_dir) == ("sao", "calculator", "runs/quickstart/rl")
     assert load_config(QUICKSTART, ["algo=grpo_dis"]).algo.group_size == 8
+
+
+# ---- the cluster section (runtime.backend=ray) -----------------------------------------------------------
+
+_TINY = ["model.tiny_arch=qwen3_moe"]
+_RAY = [*_TINY, "runtime.backend=ray"]
+
+
+def test_a_ray_config_loads_and_resolves_its_weight_sync_path() -> None:
+    cfg = load_config(
+        None, [*_RAY, "cluster.num_cpus=4", "cluster.trainer_workers=2", "cluster.engine_replicas=2"]
+    )
+    assert cfg.cluster.requested() == {"CPU": 4.0, "GPU": 0.0}
+    assert cfg.runtime.resolved_weight_sync == "broadcast"
+    assert load_config(None, ["model.tiny_arch=qwen3_moe"]).runtime.resolved_weight_sync == "inproc"
+    again = load_config(None, [f"{k}={v}" for k, v in _flat(cfg.to_yaml_dict())])  # a dumped config reloads
+    assert again.cluster == cfg.cluster
+
+
+def _flat(data: dict, prefix: str = "") -> list[tuple[str, str]]:
+    import json
+
+    out = []
+    for key, value in data.items():
+        if isinstance(value, dict) and key != "env_kwargs":
+            out += _flat(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", json.dumps(value)))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ([*_TINY, "cluster.trainer_workers=2"], r"cluster\.trainer_workers applies to runtime\.backend"),
+        ([*_TINY, "runtime.weight_sync=broadcast"], r"runtime\.weight_sync='broadcast' applies"),
+        ([*_RAY, "runtime.weight_sync=inproc"], r"weight_sync='inproc' needs runtime\.backend='local'"),
+        ([*_RAY, "engine.backend=process"], r"engine\.backend='process' is for the local runtime"),
+        ([*_RAY, "engine.backend=vllm"], r"engine\.backend='vllm' with runtime\.backend='ray' is not"),
+        ([*_RAY, "cluster.address=auto", "cluster.num_cpus=8"], r"cluster\.num_cpus applies to a cluster"),
+        ([*_RAY, "cluster.num_cpus=2", "cluster.trainer_workers=2", "cluster.engine_replicas=2"],
+         r"cluster\.trainer_cpus / cluster\.engine_cpus: the run asks for 4 CPU .* but the cluster has 2"),
+        ([*_RAY, "cluster.num_gpus=1", "cluster.trainer_gpus=1", "cluster.engine_gpus=1"],
+         r"cluster\.trainer_gpus / cluster\.engine_gpus: the run asks for 2 GPU"),
+    ],
+)  # fmt: skip
+def test_cluster_settings_that_cannot_work_are_refused_at_load_naming_the_key(overrides, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

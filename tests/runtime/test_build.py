@@ -32,9 +32,29 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
     "algo.advantage": ([], "running_mean"),  # critic -> critic-free: the critic factory must notice
     "algo.spo_rho_max": ([], 0.99),
     "critic.pretrain.enabled": ([], False),  # null follows the preset, which pretrains
+    "runtime.backend": ([], "ray"),
+    "runtime.weight_sync": (["runtime.backend=ray"], "object_store"),
+    "cluster.address": (["runtime.backend=ray"], "auto"),
+    "cluster.num_cpus": (["runtime.backend=ray"], 8.0),
+    "cluster.num_gpus": (["runtime.backend=ray"], 0),
+    "cluster.auth": (["runtime.backend=ray"], "token"),
+    "cluster.temp_dir": (["runtime.backend=ray"], "/tmp/sao-ray-test"),
+    **{
+        f"cluster.{key}": (["runtime.backend=ray", "cluster.num_cpus=64", "cluster.num_gpus=8"], value)
+        for key, value in [
+            ("trainer_workers", 2),
+            ("trainer_cpus", 2.0),
+            ("trainer_gpus", 1.0),
+            ("engine_replicas", 2),
+            ("engine_cpus", 2.0),
+            ("engine_gpus", 1.0),
+            ("placement_strategy", "SPREAD"),
+            ("start_timeout_s", 30.0),
+        ]
+    },
 }
 # Keys every other value of which is refused at load (their refusal is tested below).
-NO_ACCEPTED_ALTERNATIVE = {"runtime.backend"}
+NO_ACCEPTED_ALTERNATIVE: set[str] = set()
 
 
 def _leaves(model: type[BaseModel], prefix: str = "") -> dict[str, Any]:

@@ -313,15 +313,102 @@ class RuntimeConfig(_Section):
         "stops with a checkpoint: a broken env or grader ends the run instead of spinning; null = never.",
     )
     backend: Literal["local", "ray"] = Field(
-        "local", description="'local': one process; 'ray': distributed (refused until that runtime exists)."
+        "local",
+        description="'local': one process; 'ray': engine replicas and FSDP2 trainer ranks as Ray actors "
+        "(the cluster section), with the same run loop in the driver.",
+    )
+    weight_sync: Literal["auto", "inproc", "object_store", "broadcast", "disk"] = Field(
+        "auto",
+        description="How new weights reach the engines: 'inproc' (local runtime), 'object_store' (Ray's, "
+        "small models), 'broadcast' (a process group of trainer rank 0 and the engine replicas, gloo/NCCL), "
+        "'disk' (a safetensors directory the engines reload). 'auto': inproc for local, broadcast for ray.",
     )
 
-    @field_validator("backend")
-    @classmethod
-    def _backend_available(cls, value: str) -> str:
-        if value == "ray":
-            raise ValueError("the distributed (ray) runtime is not built yet; use 'local'")
-        return value
+    @model_validator(mode="after")
+    def _sync_fits_backend(self) -> RuntimeConfig:
+        if self.backend == "local" and self.weight_sync not in ("auto", "inproc"):
+            raise ValueError(
+                f"runtime.weight_sync={self.weight_sync!r} applies to runtime.backend='ray'; the local "
+                "runtime hands the weights over in process ('inproc')"
+            )
+        if self.backend == "ray" and self.weight_sync == "inproc":
+            raise ValueError("runtime.weight_sync='inproc' needs runtime.backend='local'")
+        return self
+
+    @property
+    def resolved_weight_sync(self) -> str:
+        """``weight_sync`` with 'auto' resolved for the backend."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        return "inproc" if self.backend == "local" else "broadcast"
+
+
+class ClusterConfig(_Section):
+    """Where the distributed runtime (``runtime.backend=ray``) places its actors (docs/distributed.md)."""
+
+    address: str | None = Field(
+        None,
+        description="Ray cluster to join ('auto', 'host:port' of `ray start --head`); null: start a "
+        "private one on this machine, bound to 127.0.0.1, shut down at the end of the run.",
+    )
+    num_cpus: float | None = Field(
+        None,
+        gt=0,
+        description="Local start only: logical CPUs of the started cluster (null: this machine's).",
+    )
+    num_gpus: int | None = Field(
+        None, ge=0, description="Local start only: GPUs of the started cluster (null: those Ray detects)."
+    )
+    auth: Literal["disabled", "token"] = Field(
+        "disabled",
+        description="Local start only: Ray's token authentication; 'disabled' is set explicitly (the "
+        "cluster listens on 127.0.0.1 only), 'token' leaves Ray's token auth on.",
+    )
+    temp_dir: str | None = Field(
+        None, description="Local start only: Ray's session directory (null: a fresh one under /tmp)."
+    )
+    trainer_workers: int = Field(1, ge=1, description="Trainer ranks (one FSDP2 world).")
+    trainer_cpus: float = Field(1.0, gt=0, description="CPUs per trainer rank (its torch threads).")
+    trainer_gpus: float = Field(0.0, ge=0, description="GPUs per trainer rank (0: train on CPU, gloo).")
+    engine_replicas: int = Field(1, ge=1, description="Rollout engine replicas.")
+    engine_cpus: float = Field(1.0, gt=0, description="CPUs per engine replica (its torch threads).")
+    engine_gpus: float = Field(0.0, ge=0, description="GPUs per engine replica.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="Ray placement-group strategy of the trainer and engine bundles."
+    )
+    start_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds to wait for the actors' resources and their start-up."
+    )
+
+    def changed(self) -> list[str]:
+        """Names of the fields whose value differs from the default (a dumped config sets them all)."""
+        return [name for name, info in type(self).model_fields.items() if getattr(self, name) != info.default]
+
+    def requested(self) -> dict[str, float]:
+        """Resources the actors ask for in total: ``{"CPU": …, "GPU": …}``."""
+        return {
+            "CPU": self.trainer_workers * self.trainer_cpus + self.engine_replicas * self.engine_cpus,
+            "GPU": self.trainer_workers * self.trainer_gpus + self.engine_replicas * self.engine_gpus,
+        }
+
+
+def check_cluster_resources(cluster: ClusterConfig, available: Mapping[str, float]) -> None:
+    """Raise `ConfigError` naming the key when the actors ask for more ``CPU``/``GPU`` than ``available``."""
+    for kind, need in cluster.requested().items():
+        have = float(available.get(kind, 0.0))
+        if need > have + 1e-9:
+            lower = kind.lower()
+            raise ConfigError(
+                f"cluster.trainer_{lower}s / cluster.engine_{lower}s: the run asks for {need:g} {kind} "
+                f"(trainer_workers={cluster.trainer_workers} x {getattr(cluster, f'trainer_{lower}s'):g} + "
+                f"engine_replicas={cluster.engine_replicas} x {getattr(cluster, f'engine_{lower}s'):g}) but "
+                f"the cluster has {have:g}"
+                + (
+                    " (a cluster sao starts has cluster.num_cpus logical CPUs: raise it to share cores)"
+                    if kind == "CPU"
+                    else ""
+                )
+            )
 
 
 class EvalConfig(_Section):
@@ -378,6 +465,9 @@ class RunConfig(_Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Async/sync wiring.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Evaluation during training.")
     logging: LoggingConfig = Field(default_factory=LoggingConfig, description="Metrics and checkpoints.")
+    cluster: ClusterConfig = Field(
+        default_factory=ClusterConfig, description="Actor placement of the distributed runtime."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -394,6 +484,47 @@ class RunConfig(_Section):
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of "
                 f"algo.group_size ({self.algo.group_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _cluster_fits_backend(self) -> RunConfig:
+        if self.runtime.backend == "local":
+            changed = self.cluster.changed()
+            if changed:
+                raise ValueError(
+                    f"cluster.{changed[0]} applies to runtime.backend='ray'; the local runtime runs in one "
+                    "process"
+                )
+            return self
+        if self.engine.backend == "process":
+            raise ValueError(
+                "engine.backend='process' is for the local runtime; with runtime.backend='ray' each engine "
+                "replica is already a process of its own (use 'local', 'vllm' or 'sglang')"
+            )
+        if self.engine.backend in ("vllm", "sglang"):
+            raise ValueError(
+                f"engine.backend={self.engine.backend!r} with runtime.backend='ray' is not supported yet: "
+                "replicas hold LocalEngines (use 'local'); see docs/distributed.md"
+            )
+        if self.cluster.address is None:
+            import os
+
+            cpus = self.cluster.num_cpus if self.cluster.num_cpus is not None else float(os.cpu_count() or 1)
+            available = {"CPU": cpus}
+            if self.cluster.num_gpus is not None:
+                available["GPU"] = float(self.cluster.num_gpus)
+            else:
+                available["GPU"] = float("inf")  # checked against what Ray detects, before any actor starts
+            check_cluster_resources(self.cluster, available)
+        else:
+            local_only = [
+                k for k in self.cluster.changed() if k in ("num_cpus", "num_gpus", "auth", "temp_dir")
+            ]
+            if local_only:
+                raise ValueError(
+                    f"cluster.{local_only[0]} applies to a cluster sao starts itself; with cluster.address "
+                    "the running cluster's own settings count"
+                )
         return self
 
     @property

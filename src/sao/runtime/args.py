@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.config import AlgoConfig, CriticConfig, LoggingConfig, ModelConfig, TrainerConfig
+from sao.config import AlgoConfig, ClusterConfig, CriticConfig, LoggingConfig, ModelConfig, TrainerConfig
 from sao.eval import EvalSettings
 
 __all__ = [
@@ -145,3 +145,11 @@ class LoopArgs:
     batch_size: int
     seed: int
     backend: str
+
+
+@dataclass(frozen=True)
+class ClusterArgs:
+    """The distributed runtime's placement (the whole cluster section) and its weight-sync path."""
+
+    cluster: ClusterConfig
+    weight_sync: str  # runtime.weight_sync with 'auto' resolved

@@ -18,6 +18,7 @@ from typing import Any
 
 from sao.config import (
     AlgoConfig,
+    ClusterConfig,
     ConfigError,
     CriticConfig,
     DataConfig,
@@ -36,6 +37,7 @@ from sao.rollout.agent_loop import AgentLoopConfig
 
 from .args import (
     CheckpointArgs,
+    ClusterArgs,
     CriticArgs,
     EngineArgs,
     EnvArgs,
@@ -153,6 +155,10 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
     return EvalArgs(files, env_args(data), settings, logging.eval_every, eval.at_start)
 
 
+def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:
+    return ClusterArgs(cluster, runtime.resolved_weight_sync)
+
+
 def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:
     return LoopArgs(trainer.total_steps, trainer.batch_size, trainer.seed, runtime.backend)
 
@@ -235,6 +241,9 @@ FACTORIES: dict[str, Factory] = {
                           "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
                           "engine.max_new_tokens"),
                          "evaluation during training (sao.runtime.evaluation.TrainingEvaluator)"),
+    "cluster": Factory(cluster_args, ("cluster", "runtime"), ("cluster.*", "runtime.weight_sync"),
+                       "the Ray runtime: cluster, engine replicas, trainer ranks, weight sync "
+                       "(sao.runtime.ray_backend.RayParts)"),
     "loop": Factory(loop_args, ("trainer", "runtime"),
                     ("trainer.total_steps", "trainer.batch_size", "trainer.seed", "runtime.backend"),
                     "the run loop: steps, batch size, run seed (sao.runtime.runner.Run)"),
@@ -243,9 +252,7 @@ FACTORIES: dict[str, Factory] = {
 # Keys whose effect is at load time, not in a component: `algo.preset` picks the preset that fills the
 # other algo/critic keys (sao.config.loading). Values refused at load name the key and why.
 READ_AT_LOAD: dict[str, str] = {"algo.preset": "selects the preset applied before the YAML and overrides"}
-REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {
-    "runtime.backend": {"ray": "the distributed runtime is not built yet; use 'local'"},
-}
+REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {}
 
 
 # ---- builders -----------------------------------------------------------------------------------------

@@ -40,14 +40,14 @@ class StepObserver(Protocol):
 
 
 class WeightPush:
-    """The actor's new weights to the engine as version ``record.version``."""
+    """The trainer's new weights to the engines as version ``record.version`` (a `WeightSync` path)."""
 
-    def __init__(self, engine: Any, actor: Any) -> None:
-        self.engine, self.actor = engine, actor
+    def __init__(self, sync: Any) -> None:
+        self.sync = sync
 
     async def on_step(self, record: StepRecord) -> None:
         t0 = time.monotonic()
-        await self.engine.update_weights(self.actor.state_dict(), record.version)
+        await self.sync.push(record.version)
         record.metrics["runtime/weight_push_s"] = time.monotonic() - t0
 
 

@@ -48,6 +48,7 @@ from .producer import Producer
 from .rollouts import collect_rollouts
 from .sampler import PromptSampler
 from .staleness import StalenessManager
+from .weight_sync import InprocSync
 
 __all__ = ["EngineStartError", "Run", "RunResult", "RunStopped", "train", "train_sync_entry"]
 
@@ -74,6 +75,10 @@ class Run:
         self.last: dict[str, float] = {}
         self.engine: Any = None
         self._train_lock = asyncio.Lock()  # held while the actor's weights change
+        self.distributed = self.parts["loop"].backend == "ray"
+        self.ray: Any = None  # the Ray runtime's parts (runtime.backend=ray)
+        self.actor: Any = None  # the local runtime's models (with ray they live in the trainer ranks)
+        self.critic: Any = None
         self._failure: asyncio.Future[BaseException] | None = None
 
     # ---- assembly -----------------------------------------------------------------------------------
@@ -92,14 +97,37 @@ class Run:
         self._load_models()
         self.tasks = build_tasks(self.parts["tasks"])
         self._failure = asyncio.get_running_loop().create_future()
-        self.engine = await self._supervised_engine()
-        try:  # from here on the engine (maybe a server or a child process) is closed whatever happens
+        if self.distributed:
+            self.ray = await self._ray_parts()
+            self.engine = self.ray.pool
+        else:
+            self.engine = await self._supervised_engine()
+        try:  # from here on the engine (maybe a server, a child process, actors) is closed whatever happens
             await self._assemble()
         except BaseException:
             if getattr(self, "sinks", None) is not None:
                 self.sinks.close()
-            await self.engine.close()
+            await self._close_engine()
             raise
+
+    async def _close_engine(self) -> None:
+        if self.ray is not None:
+            await self.ray.close()
+        else:
+            await self.engine.close()
+
+    async def _ray_parts(self) -> Any:
+        """The Ray cluster, engine pool, trainer group and weight sync of ``runtime.backend=ray``."""
+        from .ray_backend import RayParts
+
+        loaded, cluster = self.loaded, self.parts["cluster"]
+        critic_dir = loaded.critic_dir if loaded and loaded.critic_dir else self.base_dir
+        return await RayParts.open(
+            cluster.cluster, self.parts["engine"], self.parts["trainer"], self.parts["critic"],
+            actor_dir=self.actor_dir, critic_dir=critic_dir, tokenizer_dir=self.base_dir,
+            run_dir=self.run_dir, weight_sync=cluster.weight_sync, on_failed=self._fail,
+            train_lock=self._train_lock, version=lambda: self.clock.version,
+        )  # fmt: skip
 
     async def _supervised_engine(self) -> SupervisedEngine:
         args = self.parts["engine"]
@@ -139,6 +167,8 @@ class Run:
         self.base_dir = model_from_config(actor.model, self.run_dir.parent / ".sao-models", seed=actor.seed)
         self.actor_dir = loaded.actor_dir if loaded else self.base_dir
         self.tokenizer = load_tokenizer(self.base_dir)
+        if self.distributed:
+            return
         model = actor.model
         self.actor = enable_packed_attention(
             load_policy(self.actor_dir, dtype=model.dtype, device=model.device)
@@ -156,8 +186,12 @@ class Run:
 
         st = self.parts["staleness"]
         self.staleness = StalenessManager(st.batch_size, st.max_staleness, st.drop_older_than)
+        if self.distributed:  # the ranks' trainers exist already (value pretraining runs on them)
+            self.trainer, self.sync = self.ray.group, self.ray.sync
         self.pre_metrics = await self._pretrain_critic() if self.loaded is None else {}
-        self.trainer = build_trainer(self.cfg, self.actor, self.critic)
+        if not self.distributed:  # built after value pretraining: it (re)applies the critic's freezing
+            self.trainer = build_trainer(self.cfg, self.actor, self.critic)
+            self.sync = InprocSync(self.engine, self.actor)
         self.sampler = self._sampler()
         # Bounded by construction: the capacity rule never lets more than `capacity` trajectories (so groups)
         # be started and not yet trained; the explicit bound makes an accounting bug block, not grow memory.
@@ -184,7 +218,7 @@ class Run:
         )  # fmt: skip
         self.books = Books(self.staleness, self.producer, self.queue, self.engine)
         self.observers: list[StepObserver] = [
-            WeightPush(self.engine, self.actor),
+            WeightPush(self.sync),
             self.books,
             MetricsLog(self.sinks, self.progress),
             Checkpoints(self._save_checkpoint, self.parts["checkpoints"].every, loop.total_steps),
@@ -202,14 +236,17 @@ class Run:
         from sao.train.value_pretrain import pretrain_value
 
         args = self.parts["value_pretrain"]
-        if self.critic is None or not args.enabled:
+        if not self.parts["critic"].enabled or not args.enabled:
             return {}
         corpus = await collect_rollouts(
             self.engine, self.tokenizer, self.env_factory, self.tasks, args.options.corpus_size,
             self.parts["agent_loop"], concurrency=args.concurrency, seed=args.rollout_seed,
         )  # fmt: skip
         opts = dataclasses.replace(args.options, batch_size=min(args.options.batch_size, len(corpus)))
-        result = await asyncio.to_thread(pretrain_value, self.critic, corpus, opts, None, self.console)
+        if self.distributed:  # every rank trains on the whole corpus: the single-process update
+            result = await asyncio.to_thread(self.trainer.pretrain_value, corpus, opts)
+        else:
+            result = await asyncio.to_thread(pretrain_value, self.critic, corpus, opts, None, self.console)
         return {
             "value_pretrain/corpus_size": float(len(corpus)),
             "value_pretrain/steps": float(result.steps),
@@ -222,19 +259,41 @@ class Run:
         loaded = self.loaded
         assert loaded is not None
         self.ckpts.clean_partial()  # what a save killed mid-way left beside the checkpoints
-        self.trainer.load_state_dict(loaded.trainer_state)
+        self._restore_trainer(loaded)
         self.sampler.load_state_dict(loaded.data_position["sampler"])
         self.staleness.load_state_dict(loaded.counters["staleness"])
         self.producer.counters.update(loaded.counters.get("producer", {}))
         self.clock.version = int(loaded.policy_version or 0)
         self.clock.step = self.trainer.step
         self.clock.trained = self.staleness.stats().trained
-        await self.engine.update_weights(self.actor.state_dict(), self.clock.version)
+        await self.sync.push(self.clock.version)
         restore_rng(loaded.rng)
 
+    def _restore_trainer(self, loaded: Any) -> None:
+        """Weights (the ranks': DCP, resharded), optimizers and the trainer's own state."""
+        from sao.train.dcp import has_sharded, load_plain
+
+        sharded = has_sharded(loaded.path)
+        if self.distributed:
+            if not sharded:
+                raise ConfigError(
+                    f"runtime.backend: {str(loaded.path)!r} was written by the local runtime (no dcp/ "
+                    "shards); resume it with runtime.backend=local"
+                )
+            self.trainer.load(loaded.path)
+        elif sharded:  # written by FSDP ranks: load the shards into this one process
+            trainer = self.trainer
+            load_plain(loaded.path, self.actor, self.critic, trainer.actor_optim, trainer.critic_optim)
+        self.trainer.load_state_dict(loaded.trainer_state)
+
     def _save_checkpoint(self, step: int, version: int) -> None:
+        if self.distributed:  # every rank writes its DCP shard, rank 0 the full HF directories
+            models: dict[str, Any] = {"write_models": self.trainer.save}
+            models["has_critic"] = self.trainer.uses_critic
+        else:
+            models = {"actor": self.actor, "critic": self.critic}
         self.ckpts.save(
-            step, actor=self.actor, critic=self.critic, tokenizer=self.tokenizer,
+            step, tokenizer=self.tokenizer, **models,
             trainer_state=self.trainer.state_dict(), policy_version=version,
             data_position={"sampler": self.sampler.state_dict()},
             counters={"staleness": self.staleness.state_dict(), "producer": dict(self.producer.counters)},
@@ -331,7 +390,7 @@ class Run:
         try:
             self.sinks.close()
         finally:
-            await self.engine.close()
+            await self._close_engine()
         counters = {**dict(self.producer.counters), **dataclasses.asdict(self.staleness.stats())}
         counters.pop("drops_by_reason", None)
         return RunResult(self.trainer.step, self.clock.version, self.run_dir, counters, self.last)

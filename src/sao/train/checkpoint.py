@@ -33,7 +33,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,8 +154,10 @@ class CheckpointManager:
         self,
         step: int,
         *,
-        actor: Any,
+        actor: Any = None,
         critic: Any | None = None,
+        write_models: Callable[[Path], None] | None = None,
+        has_critic: bool | None = None,
         tokenizer: Any | None = None,
         trainer_state: Mapping[str, Any],
         policy_version: int | None = None,
@@ -167,15 +169,21 @@ class CheckpointManager:
         """Write checkpoint ``step`` atomically, point ``latest`` at it, prune; returns its directory.
 
         ``actor`` / ``critic`` need ``save_pretrained(dir)``; a ``tokenizer`` is saved beside the actor so
-        ``actor/`` is a complete checkpoint (``sao eval --model .../actor``). ``trainer_state`` goes to
-        ``torch.save`` (keep it to tensors, numbers, strings, lists, dicts: it is loaded with
-        ``weights_only=True``).
+        ``actor/`` is a complete checkpoint (``sao eval --model .../actor``). A sharded trainer passes
+        ``write_models(stage)`` instead, which writes ``actor/`` (and ``critic/``, then ``has_critic``) and
+        its shards into the staging directory (every rank has returned when it returns).
+        ``trainer_state`` goes to ``torch.save`` (keep it to tensors, numbers, strings, lists, dicts: it is
+        loaded with ``weights_only=True``).
         ``data_position`` (sampler cursor/epoch/seed), ``counters`` (produced/trained/dropped …),
         ``config`` and ``extra`` go to ``meta.json`` and must be JSON-serialisable. If anything fails,
         no checkpoint directory appears and ``latest`` is unchanged.
         """
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
+        if (actor is None) == (write_models is None):
+            raise ValueError("pass exactly one of actor and write_models")
+        if has_critic is None:
+            has_critic = critic is not None
         meta = {
             "format": FORMAT_VERSION,
             "step": int(step),
@@ -184,7 +192,7 @@ class CheckpointManager:
             "counters": dict(counters or {}),
             "config": dict(config or {}),
             "extra": dict(extra or {}),
-            "has_critic": critic is not None,
+            "has_critic": has_critic,
             "sao_version": __version__,
             "torch_version": torch.__version__,
             "timestamp": time.time(),
@@ -196,7 +204,10 @@ class CheckpointManager:
 
         target = self.path_for(step)
         with atomic_dir(target) as stage:
-            actor.save_pretrained(stage / "actor")
+            if write_models is not None:
+                write_models(stage)
+            else:
+                actor.save_pretrained(stage / "actor")
             if tokenizer is not None:
                 tokenizer.save_pretrained(stage / "actor")
             if critic is not None:

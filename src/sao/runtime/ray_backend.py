@@ -1,0 +1,113 @@
+"""What ``runtime.backend=ray`` puts in place of the local engine, trainer and weight hand-off.
+
+`RayParts.open` joins or starts the cluster (`RayCluster`), starts ``cluster.engine_replicas`` engine
+replicas (each supervised: restarted with the latest weights when it dies) behind an `EnginePool`, the
+``cluster.trainer_workers`` FSDP2 ranks of a `TrainerGroup`, and the `WeightSync` of
+``runtime.weight_sync``. The driver (`sao.runtime.runner.Run`) keeps everything else: prompts, producer,
+queue, staleness, metrics, checkpoint bookkeeping. `close` stops every actor and a cluster it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sao.config import ClusterConfig
+
+from .args import CriticArgs, EngineArgs, TrainerArgs
+from .engine_guard import SupervisedEngine
+from .engine_pool import EnginePool
+from .ray_cluster import RayCluster, actor_threads
+from .ray_engine import RemoteEngine, replica_class
+from .trainer_group import TrainerGroup, TrainerGroupArgs
+from .weight_sync import WeightSync, make_weight_sync
+
+__all__ = ["RayParts"]
+
+
+@dataclass
+class RayParts:
+    cluster: RayCluster
+    pool: EnginePool
+    group: TrainerGroup
+    sync: WeightSync
+
+    @classmethod
+    async def open(
+        cls,
+        cluster_cfg: ClusterConfig,
+        engine: EngineArgs,
+        trainer: TrainerArgs,
+        critic: CriticArgs,
+        *,
+        actor_dir: Path,
+        critic_dir: Path | None,
+        tokenizer_dir: Path,
+        run_dir: Path,
+        weight_sync: str,
+        on_failed: Callable[[BaseException], None],
+        train_lock: asyncio.Lock,
+        version: Callable[[], int],
+    ) -> RayParts:
+        cluster = await asyncio.to_thread(RayCluster.open, cluster_cfg)
+        pool: EnginePool | None = None
+        try:
+            group_args = TrainerGroupArgs(
+                actor_dir=str(actor_dir), critic_dir=str(critic_dir) if critic_dir else None, trainer=trainer,
+                dtype=engine.dtype, device=engine.device, threads=actor_threads(cluster_cfg.trainer_cpus),
+                uses_critic=critic.enabled, head_init=critic.head_init,
+            )  # fmt: skip
+            group = await asyncio.to_thread(TrainerGroup.create, cluster, group_args)
+
+            async def latest() -> tuple[Any, int]:
+                async with train_lock:
+                    return group.full_state_ref(), version()
+
+            replicas = []
+            for i in range(cluster_cfg.engine_replicas):
+                start = _replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
+                guard = SupervisedEngine(
+                    await start(), start, latest, max_restarts=engine.max_restarts, on_failed=on_failed
+                )
+                replicas.append(guard)
+            pool = EnginePool(replicas)
+            backend = "nccl" if cluster_cfg.engine_gpus > 0 and cluster_cfg.trainer_gpus > 0 else "gloo"
+            sync = make_weight_sync(weight_sync, group, pool, run_dir, backend)
+            return cls(cluster, pool, group, sync)
+        except BaseException:
+            if pool is not None:
+                with contextlib.suppress(Exception):
+                    await pool.close()
+            await asyncio.to_thread(cluster.close)
+            raise
+
+    async def close(self) -> None:
+        try:
+            await self.pool.close()
+            await asyncio.to_thread(self.group.close)
+        finally:
+            await asyncio.to_thread(self.cluster.close)
+
+
+def _replica_starter(
+    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, tokenizer_dir: Path
+) -> Callable[[], Awaitable[RemoteEngine]]:
+    """Starts replica ``index`` in its bundle (again, after it died) and waits until it serves."""
+    remote = replica_class()
+    threads = actor_threads(cluster.cfg.engine_cpus)
+
+    async def start() -> RemoteEngine:
+        actor = cluster.track(
+            remote.options(**cluster.engine_options(index), max_concurrency=1000).remote(
+                str(model_dir), str(tokenizer_dir), device=engine.device, dtype=engine.dtype,
+                max_running=engine.max_concurrent, seed=engine.seed + index, threads=threads,
+            )
+        )  # fmt: skip
+        info = await asyncio.wait_for(actor.ready.remote(), timeout=cluster.cfg.start_timeout_s)
+        return RemoteEngine(actor, index, info)
+
+    return start

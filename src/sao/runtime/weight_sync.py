@@ -1,0 +1,159 @@
+"""`WeightSync.push(version)`: the trainer's new weights to every engine, one protocol for every path.
+
+``runtime.weight_sync`` picks the path (``auto``: ``inproc`` for the local runtime, ``broadcast`` for
+Ray):
+
+- ``inproc`` (`InprocSync`): the local runtime's actor state dict handed to the engine in process.
+- ``object_store`` (`ObjectStoreSync`): trainer rank 0 puts the full state into Ray's object store; each
+  replica resolves the reference itself (the tensors never pass through the driver). Small models, CPU.
+- ``broadcast`` (`BroadcastSync`): a standalone process group of trainer rank 0 (rank 0) and the
+  replicas (ranks 1…N), formed on the first push and again after a replica was restarted; every FSDP rank
+  takes part in the ``full_tensor`` gather, rank 0 sends bucketed tensors (gloo on CPU, NCCL on GPU).
+- ``disk`` (`DiskSync`): rank 0 writes a safetensors directory under ``run_dir/weights/``, the replicas
+  reload from it (any shared filesystem; the last two versions are kept).
+
+Every path updates the engines between decode steps (in-flight requests continue with the new weights; one
+trajectory spans versions). `latest` gives a restarted replica the current weights the same way as
+``object_store`` (a reference to rank 0's full state), whatever the path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = ["BroadcastSync", "DiskSync", "InprocSync", "ObjectStoreSync", "WeightSync", "make_weight_sync"]
+
+log = logging.getLogger(__name__)
+
+
+class WeightSync(Protocol):
+    async def push(self, version: int) -> None:
+        """Every engine decodes with the trainer's current weights as ``version`` once this returns."""
+        ...
+
+
+class InprocSync:
+    """The local runtime: the actor's state dict to the engine, in process."""
+
+    def __init__(self, engine: Any, actor: Any) -> None:
+        self.engine, self.actor = engine, actor
+
+    async def push(self, version: int) -> None:
+        await self.engine.update_weights(self.actor.state_dict(), version)
+
+
+class ObjectStoreSync:
+    """Rank 0's full state through Ray's object store to every replica of ``pool``."""
+
+    def __init__(self, group: Any, pool: Any) -> None:
+        self.group, self.pool = group, pool
+
+    async def latest(self) -> Any:
+        """A reference to the full current weights (every trainer rank takes part in the gather)."""
+        return self.group.full_state_ref()
+
+    async def push(self, version: int) -> None:
+        ref = await self.latest()
+        await self.pool.update_weights(ref, version)
+
+
+class DiskSync(ObjectStoreSync):
+    """Rank 0 writes ``root/v{version:08d}`` (safetensors, engine names); the replicas reload from it."""
+
+    def __init__(self, group: Any, pool: Any, root: Path, keep: int = 2) -> None:
+        super().__init__(group, pool)
+        self.root, self.keep = Path(root), keep
+
+    async def push(self, version: int) -> None:
+        directory = self.root / f"v{version:08d}"
+        if directory.exists():  # a version written before a restart of the run
+            shutil.rmtree(directory)
+        path = await asyncio.to_thread(self.group.write_weights, directory)
+        await self.pool.update_weights(Path(path), version)
+        for old in sorted(self.root.glob("v*"))[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+class BroadcastSync(ObjectStoreSync):
+    """A process group of trainer rank 0 and the replicas; see the module docstring.
+
+    Before each push every member is pinged (``ready``, ``ping_timeout_s``): a collective with a dead
+    member would block the others until the group's ``timeout_s``. When one is dead, that version goes
+    through the object store (which restarts the dead replica with it, `SupervisedEngine`), and the group
+    is formed again, with the fresh replica, at the next push. A member dying between the ping and the
+    end of the broadcast leaves the others blocked for at most ``timeout_s``, then the same fallback runs.
+    """
+
+    def __init__(self, group: Any, pool: Any, backend: str = "gloo", *, timeout_s: float = 120.0,
+                 ping_timeout_s: float = 10.0) -> None:  # fmt: skip
+        super().__init__(group, pool)
+        self.backend, self.timeout_s, self.ping_timeout_s = backend, timeout_s, ping_timeout_s
+        self._members: list[Any] | None = None  # the replica actors of the current weight group
+        self.formed = 0  # how many times the weight group was formed
+        self.fallbacks = 0  # versions that went by the object store instead
+
+    def _current(self) -> list[Any]:
+        return [replica.engine.actor for replica in self.pool.replicas]
+
+    async def _all_alive(self, members: list[Any]) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.gather(*(m.ready.remote() for m in members)), self.ping_timeout_s)
+        except Exception:
+            return False
+        return True
+
+    async def _form(self, members: list[Any]) -> None:
+        """(Re)form the weight group with ``members`` (the old group's members leave it first)."""
+        await self._leave()
+        world = len(members) + 1
+        host, port = await asyncio.to_thread(self.group.sync_rendezvous)
+        how = (world, self.backend, self.timeout_s)
+        await asyncio.gather(
+            asyncio.to_thread(self.group.join_sync_group, host, port, *how),
+            *(m.join_sync_group.remote(host, port, i, *how) for i, m in enumerate(members, 1)),
+        )
+        self._members = members
+        self.formed += 1
+
+    async def _leave(self) -> None:
+        if self._members is None:
+            return
+        old, self._members = self._members, None
+        await asyncio.gather(*(m.leave_sync_group.remote() for m in old), return_exceptions=True)
+        await self.group.leave_sync_group_async()
+
+    async def push(self, version: int) -> None:
+        members = self._current()
+        try:
+            if not await self._all_alive(members):
+                raise RuntimeError("an engine replica does not answer")
+            if self._members != members:
+                await self._form(members)
+            await asyncio.gather(
+                asyncio.to_thread(self.group.broadcast, version),
+                *(m.receive_broadcast.remote() for m in members),
+            )
+        except Exception as err:  # this version by the object store (restarting a dead replica with it)
+            log.warning("weight broadcast of version %d failed (%s); this version goes by the object store",
+                        version, err)  # fmt: skip
+            self.fallbacks += 1
+            await self._leave()
+            await super().push(version)
+            return
+        for replica in self.pool.replicas:
+            replica.engine.set_version(version)
+
+
+def make_weight_sync(path: str, group: Any, pool: Any, run_dir: Path, backend: str) -> WeightSync:
+    """The Ray runtime's `WeightSync` for ``runtime.weight_sync`` (already resolved: not 'auto')."""
+    if path == "object_store":
+        return ObjectStoreSync(group, pool)
+    if path == "disk":
+        return DiskSync(group, pool, run_dir / "weights")
+    if path == "broadcast":
+        return BroadcastSync(group, pool, backend)
+    raise ValueError(f"runtime.weight_sync={path!r} is not a path of the ray runtime")

@@ -1,0 +1,122 @@
+"""`runtime.backend=ray` end to end on this machine: 2 FSDP2 trainer ranks (gloo) and 2 LocalEngine replicas
+as Ray actors, asynchronous SAO on the test model. The books balance, tokens span policy versions, nothing
+is aborted, every replica decodes with the trainer's weights after each push, a replica killed mid-run is
+restarted, and a driver killed with SIGKILL resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from tests.runtime.test_runner import _OVERRIDES  # noqa: E402
+
+from sao.config import load_config  # noqa: E402
+from sao.runtime.ray_cluster import session_processes  # noqa: E402
+from sao.runtime.runner import Run, train_sync_entry  # noqa: E402
+from sao.train.checkpoint import CheckpointManager  # noqa: E402
+
+_RAY = [
+    "runtime.backend=ray", "cluster.num_cpus=4", "cluster.trainer_workers=2", "cluster.engine_replicas=2",
+    "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
+]  # fmt: skip
+
+
+def _cfg(run_dir, *extra):
+    return load_config(None, [*_OVERRIDES, *_RAY, f"logging.run_dir={run_dir}", *extra])
+
+
+class _Watch:
+    """Records, after every weight push, whether each replica's weights equal the trainer's."""
+
+    def __init__(self, run: Run) -> None:
+        self.run, self.equal, self.versions, self.aborted = run, [], [], 0.0
+
+    async def on_step(self, record) -> None:
+        group, pool = self.run.trainer, self.run.engine
+        want = await asyncio.to_thread(group.checksum)
+        got = [await r.engine.actor.checksum.remote() for r in pool.replicas]
+        self.equal.append([g == want for g in got])
+        stats = [await r.engine.actor.stats.remote() for r in pool.replicas]
+        self.aborted = sum(st["aborted"] for st in stats)
+        b = record.batch
+        action = b.action_mask.bool()
+        for seq in range(b.num_sequences):
+            self.versions.append(set(b.versions[action & (b.seq_ids == seq)].tolist()))
+
+
+def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead_replica(tmp_path):
+    # long replies and two steps of lead: generation overlaps the weight pushes
+    cfg = _cfg(tmp_path / "run", "trainer.total_steps=4", "runtime.weight_sync=broadcast",
+               "engine.max_new_tokens=64", "runtime.max_staleness=2", "runtime.max_in_flight=12")  # fmt: skip
+
+    async def main():
+        run = Run(cfg)
+        await run.start()
+        watch = _Watch(run)
+        run.observers.insert(1, watch)  # right after the weight push
+        temp_dir = run.ray.cluster.temp_dir
+        killed = []
+
+        async def kill_one_replica():  # while it generates, after the first push
+            while not watch.equal:
+                await asyncio.sleep(0.05)
+            victim = run.engine.replicas[1].engine.actor
+            ray.kill(victim, no_restart=True)
+            killed.append(victim)
+
+        killer = asyncio.create_task(kill_one_replica())
+        try:
+            await run.loop()
+        finally:
+            killer.cancel()
+            result = await run.close()
+        return run, result, watch, temp_dir, killed
+
+    run, result, watch, temp_dir, killed = asyncio.run(main())
+    assert killed and (result.steps, result.policy_version) == (4, 4)
+    c = result.counters
+    assert c["trained"] == 16 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
+    assert all(all(step) for step in watch.equal), watch.equal  # every replica got every version
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "reward/mean" in r]
+    assert [r["policy/version"] for r in steps] == [1, 2, 3, 4]
+    assert steps[-1]["runtime/engine_restarts"] >= 1  # the killed replica was restarted
+    assert steps[-1]["trainer/world_size"] == 2
+    assert any(len(v) > 1 for v in watch.versions)  # a trajectory generated across a weight update
+    assert max(r["lag/version_span_max"] for r in steps) >= 1
+    assert watch.aborted == 0  # weight updates never aborted a request
+    assert session_processes(temp_dir) == []  # the cluster the run started is gone
+
+
+def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [*_OVERRIDES, *_RAY, f"logging.run_dir={run_dir}", "trainer.total_steps=4",
+                 "logging.checkpoint_every=1", "critic.pretrain.enabled=false",
+                 "runtime.weight_sync=object_store"]  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "sao", "train", *overrides],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    root = run_dir / "checkpoints"
+    deadline = time.monotonic() + 240
+    while not (root.is_dir() and list(root.glob("step_*"))):
+        assert proc.poll() is None, f"sao train ended before its first checkpoint: {proc.stderr.read()}"
+        assert time.monotonic() < deadline, "no checkpoint in 240 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    killed_at = CheckpointManager(run_dir).load().step
+    assert 1 <= killed_at < 4
+    assert (root / f"step_{killed_at:08d}" / "dcp").is_dir()  # the ranks' shards
+
+    resumed = train_sync_entry(load_config(None, overrides), resume=True)
+    assert (resumed.steps, resumed.policy_version) == (4, 4)
+    c = resumed.counters
+    assert c["trained"] == 16 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
