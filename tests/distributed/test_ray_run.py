@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,9 +101,10 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
 
 def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
+    ray_dir = Path(tempfile.mkdtemp(prefix="sao-ray-t", dir="/tmp"))  # short: Ray's socket paths live here
     overrides = [*_OVERRIDES, *_RAY, f"logging.run_dir={run_dir}", "trainer.total_steps=4",
                  "logging.checkpoint_every=1", "critic.pretrain.enabled=false",
-                 "runtime.weight_sync=object_store"]  # fmt: skip
+                 "runtime.weight_sync=object_store", f"cluster.temp_dir={ray_dir}"]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "sao", "train", *overrides],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     root = run_dir / "checkpoints"
@@ -109,9 +113,16 @@ def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
         assert proc.poll() is None, f"sao train ended before its first checkpoint: {proc.stderr.read()}"
         assert time.monotonic() < deadline, "no checkpoint in 240 s"
         time.sleep(0.05)
+    assert session_processes(ray_dir)  # the killed driver's cluster is running
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stderr.close()
+    deadline = time.monotonic() + 60
+    while session_processes(ray_dir):  # its raylet, GCS and actors follow the driver
+        assert time.monotonic() < deadline, (
+            f"left running after the driver's SIGKILL: {session_processes(ray_dir)}"
+        )
+        time.sleep(0.2)
     killed_at = CheckpointManager(run_dir).load().step
     assert 1 <= killed_at < 4
     assert (root / f"step_{killed_at:08d}" / "dcp").is_dir()  # the ranks' shards
@@ -120,3 +131,10 @@ def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
     assert (resumed.steps, resumed.policy_version) == (4, 4)
     c = resumed.counters
     assert c["trained"] == 16 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
+
+    # The sharded checkpoint loads into one plain process: the local runtime goes on from it.
+    local = [o for o in overrides if not o.startswith(("runtime.", "cluster."))]
+    more = train_sync_entry(load_config(None, [*local, "trainer.total_steps=5"]), resume=True)
+    assert (more.steps, more.policy_version) == (5, 5) and more.counters["trained"] == 20
+    assert session_processes(ray_dir) == []
+    shutil.rmtree(ray_dir)

@@ -22,7 +22,7 @@ from .args import CriticArgs, EngineArgs, TrainerArgs
 from .engine_guard import SupervisedEngine
 from .engine_pool import EnginePool
 from .ray_cluster import RayCluster, actor_threads
-from .ray_engine import RemoteEngine, replica_class
+from .ray_engine import RemoteEngine, logging_settings, replica_class
 from .trainer_group import TrainerGroup, TrainerGroupArgs
 from .weight_sync import WeightSync, make_weight_sync
 
@@ -98,13 +98,14 @@ def _replica_starter(
 ) -> Callable[[], Awaitable[RemoteEngine]]:
     """Starts replica ``index`` in its bundle (again, after it died) and waits until it serves."""
     remote = replica_class()
+    quiet = logging_settings()
     threads = actor_threads(cluster.cfg.engine_cpus)
 
     async def start() -> RemoteEngine:
         actor = cluster.track(
             remote.options(**cluster.engine_options(index), max_concurrency=1000).remote(
                 str(model_dir), str(tokenizer_dir), device=engine.device, dtype=engine.dtype,
-                max_running=engine.max_concurrent, seed=engine.seed + index, threads=threads,
+                max_running=engine.max_concurrent, seed=engine.seed + index, threads=threads, logging=quiet,
             )
         )  # fmt: skip
         info = await asyncio.wait_for(actor.ready.remote(), timeout=cluster.cfg.start_timeout_s)

@@ -23,7 +23,37 @@ from typing import Any
 
 from sao.engine.types import EngineCrashedError, Generation, SamplingParams
 
-__all__ = ["EngineReplica", "RemoteEngine", "replica_class", "state_checksum"]
+__all__ = [
+    "EngineReplica",
+    "RemoteEngine",
+    "apply_logging",
+    "logging_settings",
+    "replica_class",
+    "state_checksum",
+]
+
+
+def logging_settings() -> dict[str, Any]:
+    """The driver's transformers verbosity and progress-bar switch, for its actors to copy (a CLI that
+    silenced load reports and progress bars gets silent actors too)."""
+    from transformers.utils import logging as hf_logging
+
+    return {"verbosity": hf_logging.get_verbosity(), "progress_bar": hf_logging.is_progress_bar_enabled()}
+
+
+def apply_logging(settings: dict[str, Any] | None) -> None:
+    """In an actor: the driver's `logging_settings`; FSDP2's notice that a wrapped module returned a view
+    (sao never modifies those outputs in place) is silenced."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    if settings is None:
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity(settings["verbosity"])
+    if not settings["progress_bar"]:
+        hf_logging.disable_progress_bar()
 
 
 def state_checksum(state: dict[str, Any]) -> dict[str, float]:
@@ -35,9 +65,10 @@ class EngineReplica:
     """The actor body (see the module docstring); ``threads`` torch threads, ``seed`` the engine seed."""
 
     def __init__(self, model_dir: str, tokenizer_dir: str, *, device: str, dtype: str, max_running: int,
-                 seed: int, threads: int) -> None:  # fmt: skip
+                 seed: int, threads: int, logging: dict[str, Any] | None = None) -> None:  # fmt: skip
         import torch
 
+        apply_logging(logging)
         from sao.engine import LocalEngine
         from sao.models.loading import load_tokenizer
 

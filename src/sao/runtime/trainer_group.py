@@ -45,9 +45,14 @@ class TrainerGroupArgs:
 class TrainerRankActor:
     """One trainer rank (the actor body; ``ray.remote`` is applied by `TrainerGroup.create`)."""
 
-    def __init__(self, rank: int, world_size: int, threads: int) -> None:
+    def __init__(
+        self, rank: int, world_size: int, threads: int, logging: dict[str, Any] | None = None
+    ) -> None:
         import torch
 
+        from .ray_engine import apply_logging
+
+        apply_logging(logging)
         torch.set_num_threads(threads)
         self.rank, self.world_size = rank, world_size
         self.trainer: Any = None
@@ -173,10 +178,13 @@ class TrainerGroup:
         import ray
 
         remote = ray.remote(TrainerRankActor)
+        from .ray_engine import logging_settings
+
+        quiet = logging_settings()
         bundles = list(range(cluster.cfg.trainer_workers)) if bundles is None else bundles
         world = len(bundles)
         ranks = [
-            cluster.track(remote.options(**cluster.trainer_options(b)).remote(r, world, args.threads))
+            cluster.track(remote.options(**cluster.trainer_options(b)).remote(r, world, args.threads, quiet))
             for r, b in enumerate(bundles)
         ]
         group = cls(ranks, args, cluster.cfg.start_timeout_s)
