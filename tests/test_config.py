@@ -275,8 +275,9 @@ def test_a_ray_config_loads_and_resolves_its_weight_sync_path() -> None:
         None, [*_RAY, "cluster.num_cpus=4", "cluster.trainer_workers=2", "cluster.engine_replicas=2"]
     )
     assert cfg.cluster.requested() == {"CPU": 4.0, "GPU": 0.0}
-    assert cfg.runtime.resolved_weight_sync == "broadcast"
-    assert load_config(None, ["model.tiny_arch=qwen3_moe"]).runtime.resolved_weight_sync == "inproc"
+    assert cfg.runtime.resolved_weight_sync(cfg.engine.backend) == "broadcast"
+    assert cfg.runtime.resolved_weight_sync("vllm") == "disk"  # server replicas reload from a directory
+    assert load_config(None, ["model.tiny_arch=qwen3_moe"]).runtime.resolved_weight_sync() == "inproc"
     again = load_config(None, [f"{k}={v}" for k, v in _flat(cfg.to_yaml_dict())])  # a dumped config reloads
     assert again.cluster == cfg.cluster
 
@@ -300,7 +301,8 @@ def _flat(data: dict, prefix: str = "") -> list[tuple[str, str]]:
         ([*_TINY, "runtime.weight_sync=broadcast"], r"runtime\.weight_sync='broadcast' applies"),
         ([*_RAY, "runtime.weight_sync=inproc"], r"weight_sync='inproc' needs runtime\.backend='local'"),
         ([*_RAY, "engine.backend=process"], r"engine\.backend='process' is for the local runtime"),
-        ([*_RAY, "engine.backend=vllm"], r"engine\.backend='vllm' with runtime\.backend='ray' is not"),
+        ([*_RAY, "engine.backend=vllm", "runtime.weight_sync=broadcast"], r"server replicas reload"),
+        ([*_RAY, "engine.backend=sglang", "engine.attach=http://x:1"], r"engine\.attach: with runtime"),
         ([*_RAY, "cluster.address=auto", "cluster.num_cpus=8"], r"cluster\.num_cpus applies to a cluster"),
         ([*_RAY, "cluster.num_cpus=2", "cluster.trainer_workers=2", "cluster.engine_replicas=2"],
          r"cluster\.trainer_cpus / cluster\.engine_cpus: the run asks for 4 CPU .* but the cluster has 2"),

@@ -40,7 +40,7 @@ class _Watch:
     """Records, after every weight push, whether each replica's weights equal the trainer's."""
 
     def __init__(self, run: Run) -> None:
-        self.run, self.equal, self.versions, self.aborted = run, [], [], 0.0
+        self.run, self.equal, self.versions, self.aborted, self.done = run, [], [], 0.0, 0
 
     async def on_step(self, record) -> None:
         group, pool = self.run.trainer, self.run.engine
@@ -49,6 +49,7 @@ class _Watch:
         self.equal.append([g == want for g in got])
         stats = [await r.engine.actor.stats.remote() for r in pool.replicas]
         self.aborted = sum(st["aborted"] for st in stats)
+        self.done = record.step
         b = record.batch
         action = b.action_mask.bool()
         for seq in range(b.num_sequences):
@@ -56,9 +57,11 @@ class _Watch:
 
 
 def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead_replica(tmp_path):
-    # long replies and two steps of lead: generation overlaps the weight pushes
+    # Long replies, 2 sequences decoding per replica and two steps of lead: generation, not training, is
+    # the bottleneck, so the replicas are mid-reply when each step's weights arrive.
     cfg = _cfg(tmp_path / "run", "trainer.total_steps=4", "runtime.weight_sync=broadcast",
-               "engine.max_new_tokens=64", "runtime.max_staleness=2", "runtime.max_in_flight=12")  # fmt: skip
+               "engine.max_new_tokens=160", "data.max_total_tokens=400", "engine.max_concurrent=2",
+               "runtime.max_staleness=2", "runtime.max_in_flight=12")  # fmt: skip
 
     async def main():
         run = Run(cfg)
@@ -69,7 +72,7 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
         killed = []
 
         async def kill_one_replica():  # while it generates, after the first push
-            while not watch.equal:
+            while watch.done < 1:
                 await asyncio.sleep(0.05)
             victim = run.engine.replicas[1].engine.actor
             ray.kill(victim, no_restart=True)

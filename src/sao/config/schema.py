@@ -321,7 +321,8 @@ class RuntimeConfig(_Section):
         "auto",
         description="How new weights reach the engines: 'inproc' (local runtime), 'object_store' (Ray's, "
         "small models), 'broadcast' (a process group of trainer rank 0 and the engine replicas, gloo/NCCL), "
-        "'disk' (a safetensors directory the engines reload). 'auto': inproc for local, broadcast for ray.",
+        "'disk' (a safetensors directory the engines reload). 'auto': inproc for local; for ray broadcast, "
+        "or disk with vLLM / SGLang server replicas.",
     )
 
     @model_validator(mode="after")
@@ -335,12 +336,14 @@ class RuntimeConfig(_Section):
             raise ValueError("runtime.weight_sync='inproc' needs runtime.backend='local'")
         return self
 
-    @property
-    def resolved_weight_sync(self) -> str:
-        """``weight_sync`` with 'auto' resolved for the backend."""
+    def resolved_weight_sync(self, engine_backend: str = "local") -> str:
+        """``weight_sync`` with 'auto' resolved: inproc (local runtime), disk (ray with vLLM / SGLang
+        server replicas), broadcast (ray with LocalEngine replicas)."""
         if self.weight_sync != "auto":
             return self.weight_sync
-        return "inproc" if self.backend == "local" else "broadcast"
+        if self.backend == "local":
+            return "inproc"
+        return "disk" if engine_backend in ("vllm", "sglang") else "broadcast"
 
 
 class ClusterConfig(_Section):
@@ -502,10 +505,16 @@ class RunConfig(_Section):
                 "replica is already a process of its own (use 'local', 'vllm' or 'sglang')"
             )
         if self.engine.backend in ("vllm", "sglang"):
-            raise ValueError(
-                f"engine.backend={self.engine.backend!r} with runtime.backend='ray' is not supported yet: "
-                "replicas hold LocalEngines (use 'local'); see docs/distributed.md"
-            )
+            if self.engine.attach:
+                raise ValueError(
+                    "engine.attach: with runtime.backend='ray' every engine replica launches its own server"
+                )
+            if self.runtime.weight_sync not in ("auto", "disk"):
+                raise ValueError(
+                    f"runtime.weight_sync={self.runtime.weight_sync!r} with engine.backend="
+                    f"{self.engine.backend!r} on ray: server replicas reload their weights from a directory "
+                    "('disk'; their native NCCL transfer is not driven by runs yet)"
+                )
         if self.cluster.address is None:
             import os
 

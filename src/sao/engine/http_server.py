@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -264,10 +264,7 @@ class HTTPEngine:
         temporary directory by default; the previous one is deleted) with experts unfused; a path is loaded
         as it is and must be readable by the server. Raises RuntimeError if the server refuses (the version
         is then unchanged; generation resumes either way)."""
-        if self._closing:
-            raise RuntimeError("engine is closed")
-        async with self._update_lock:
-            started = time.perf_counter()
+        async with self._updating():
             path = await asyncio.to_thread(self._weights_path, weights, version)
             try:
                 await self._reload(path, version)
@@ -275,12 +272,23 @@ class HTTPEngine:
                 if path != self._last_update_dir and self._is_ours(path):
                     shutil.rmtree(path, ignore_errors=True)
                 raise
-            finally:
-                if self._paused_at is not None:
-                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
             previous, self._last_update_dir = self._last_update_dir, path
             if previous is not None and previous != path and self._is_ours(previous):
                 shutil.rmtree(previous, ignore_errors=True)
+
+    @contextlib.asynccontextmanager
+    async def _updating(self) -> AsyncIterator[None]:
+        """One weight update (from disk or native): refused once closed, one at a time, its pause time
+        (`_mark_paused` … end) and latency recorded, counted in ``updates`` when the body succeeds."""
+        if self._closing:
+            raise RuntimeError("engine is closed")
+        async with self._update_lock:
+            started = time.perf_counter()
+            try:
+                yield
+            finally:
+                if self._paused_at is not None:
+                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
             self._counters["updates"] += 1
             self._last_update_latency_s = time.perf_counter() - started
 

@@ -229,15 +229,7 @@ async def init_vllm_native(
     (the trainer joining the same group as rank 0); return what ``join`` returns. Raises `ServerError`."""
     body = vllm_init_body(master_address, master_port, rank_offset, world_size, **(init_extra or {}))
     url = base_url.rstrip("/") + "/init_weight_transfer_engine"
-    joined: list[T] = []
-
-    async def run_join() -> None:
-        joined.append(await join())
-
-    await run_concurrently(
-        _post_checked(client, url, "vLLM weight transfer init", timeout_s, json=body), run_join
-    )
-    return joined[0]
+    return await _init_concurrently(client, url, body, "vLLM weight transfer init", join, timeout_s)
 
 
 async def init_sglang_native(
@@ -259,12 +251,20 @@ async def init_sglang_native(
         master_address, master_port, rank_offset, world_size, group_name=group_name, backend=backend
     )
     url = base_url.rstrip("/") + "/init_weights_update_group"
+    return await _init_concurrently(client, url, body, "SGLang group init", join, timeout_s)
+
+
+async def _init_concurrently(
+    client: httpx.AsyncClient, url: str, body: Mapping[str, Any], what: str,
+    join: Callable[[], Awaitable[T]], timeout_s: float,
+) -> T:  # fmt: skip
+    """The init call and ``join()`` at once (each blocks until the other side joined); ``join``'s result."""
     joined: list[T] = []
 
     async def run_join() -> None:
         joined.append(await join())
 
-    await run_concurrently(_post_checked(client, url, "SGLang group init", timeout_s, json=body), run_join)
+    await run_concurrently(_post_checked(client, url, what, timeout_s, json=body), run_join)
     return joined[0]
 
 

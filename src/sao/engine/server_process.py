@@ -24,6 +24,16 @@ import httpx
 __all__ = ["ServerProcess", "free_port"]
 
 
+def _term_with_parent() -> Any:
+    """A ``preexec_fn`` for the child, before exec: SIGTERM when the parent thread dies
+    (``prctl(PR_SET_PDEATHSIG)``). libc is looked up here, in the parent: the child only calls it."""
+    import ctypes
+    import functools
+
+    pr_set_pdeathsig = 1
+    return functools.partial(ctypes.CDLL(None).prctl, pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -50,11 +60,14 @@ class ServerProcess:
         health_path: str = "/health",
         timeout_s: float = 600.0,
         log_path: str | Path | None = None,
+        die_with_parent: bool = False,
     ) -> ServerProcess:
         """Run ``argv`` and block until ``GET base_url + health_path`` answers 200.
 
-        Raises RuntimeError (with the log's tail) if the process exits first, TimeoutError (after stopping
-        it) if it is not healthy within ``timeout_s``.
+        ``die_with_parent`` (Linux): the server gets SIGTERM when the thread that started it ends, e.g. the
+        Ray actor holding it is killed (its own workers follow it as on any stop); call it from a thread
+        that lives as long as the server. Raises RuntimeError (with the log's tail) if the process exits
+        first, TimeoutError (after stopping it) if it is not healthy within ``timeout_s``.
         """
         if log_path is None:
             fd, name = tempfile.mkstemp(prefix="sao-server-", suffix=".log")
@@ -70,6 +83,7 @@ class ServerProcess:
             stdin=subprocess.DEVNULL,
             env=None if env is None else dict(env),
             start_new_session=True,
+            preexec_fn=_term_with_parent() if die_with_parent else None,
         )
         server = cls(process=process, base_url=base_url.rstrip("/"), log_path=path, _log_file=log_file)
         try:

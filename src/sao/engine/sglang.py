@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -329,19 +328,10 @@ class SGLangEngine(HTTPEngine):
         (`sao.engine.native_sync.broadcast_each`). Paused and versions committed as in `update_weights`;
         ``kwargs`` go to `push_sglang_native`. Raises `ServerError` or ``send``'s error (the version is then
         unchanged)."""
-        if self._closing:
-            raise RuntimeError("engine is closed")
         mode = "retract" if self.recompute_kv_on_update else "in_place"
-        async with self._update_lock:
-            started = time.perf_counter()
-            try:
-                await push_sglang_native(
-                    self._client, self.base_url, state, send, weight_version=str(version), mode=mode,
-                    flush_cache=mode == "retract", pause=self.pause_modes, on_paused=self._mark_paused,
-                    on_loaded=lambda: self._commit_version(version), **kwargs,
-                )  # fmt: skip
-            finally:
-                if self._paused_at is not None:
-                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
-            self._counters["updates"] += 1
-            self._last_update_latency_s = time.perf_counter() - started
+        async with self._updating():
+            await push_sglang_native(
+                self._client, self.base_url, state, send, weight_version=str(version), mode=mode,
+                flush_cache=mode == "retract", pause=self.pause_modes, on_paused=self._mark_paused,
+                on_loaded=lambda: self._commit_version(version), **kwargs,
+            )  # fmt: skip

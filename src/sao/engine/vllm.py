@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -280,20 +279,11 @@ class VLLMEngine(HTTPEngine):
         ``send()`` broadcasts the same tensors in order (`sao.engine.native_sync.broadcast_each`). Paused,
         prefix cache reset and versions committed as in `update_weights`; ``kwargs`` go to
         `push_vllm_native`. Raises `ServerError` or ``send``'s error (the version is then unchanged)."""
-        if self._closing:
-            raise RuntimeError("engine is closed")
-        async with self._update_lock:
-            started = time.perf_counter()
-            try:
-                await push_vllm_native(
-                    self._client, self.base_url, state, send, weight_version=str(version),
-                    on_paused=self._mark_paused, on_loaded=lambda: self._after_load(version), **kwargs,
-                )  # fmt: skip
-            finally:
-                if self._paused_at is not None:
-                    self._last_pause_s, self._paused_at = time.perf_counter() - self._paused_at, None
-            self._counters["updates"] += 1
-            self._last_update_latency_s = time.perf_counter() - started
+        async with self._updating():
+            await push_vllm_native(
+                self._client, self.base_url, state, send, weight_version=str(version),
+                on_paused=self._mark_paused, on_loaded=lambda: self._after_load(version), **kwargs,
+            )  # fmt: skip
 
     async def _post_rl(self, path: str, **kwargs: Any) -> httpx.Response:
         try:

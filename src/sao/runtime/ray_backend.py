@@ -1,7 +1,8 @@
 """What ``runtime.backend=ray`` puts in place of the local engine, trainer and weight hand-off.
 
 `RayParts.open` joins or starts the cluster (`RayCluster`), starts ``cluster.engine_replicas`` engine
-replicas (each supervised: restarted with the latest weights when it dies) behind an `EnginePool`, the
+replicas (LocalEngine actors, or actors running a vLLM / SGLang server for ``engine.backend=vllm|sglang``;
+each supervised: restarted with the latest weights when it dies) behind an `EnginePool`, the
 ``cluster.trainer_workers`` FSDP2 ranks of a `TrainerGroup`, and the `WeightSync` of
 ``runtime.weight_sync``. The driver (`sao.runtime.runner.Run`) keeps everything else: prompts, producer,
 queue, staleness, metrics, checkpoint bookkeeping. `close` stops every actor and a cluster it started.
@@ -23,10 +24,11 @@ from .engine_guard import SupervisedEngine
 from .engine_pool import EnginePool
 from .ray_cluster import RayCluster, actor_threads
 from .ray_engine import RemoteEngine, logging_settings, replica_class
+from .ray_server import launch_server_replica
 from .trainer_group import TrainerGroup, TrainerGroupArgs
 from .weight_sync import WeightSync, make_weight_sync
 
-__all__ = ["RayParts"]
+__all__ = ["RayParts", "replica_starter"]
 
 
 @dataclass
@@ -63,13 +65,26 @@ class RayParts:
             )  # fmt: skip
             group = await asyncio.to_thread(TrainerGroup.create, cluster, group_args)
 
+            servers = engine.backend in ("vllm", "sglang")
+            restarts = run_dir / "weights" / "restart"
+
             async def latest() -> tuple[Any, int]:
+                """The current weights for a restarted replica (a server reloads from a directory)."""
                 async with train_lock:
-                    return group.full_state_ref(), version()
+                    v = version()
+                    if not servers:
+                        return group.full_state_ref(), v
+                    target = restarts / f"v{v:08d}"
+                    if not target.exists():
+                        await asyncio.to_thread(group.write_weights, target)
+                    return target, v
 
             replicas = []
             for i in range(cluster_cfg.engine_replicas):
-                start = _replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
+                if servers:
+                    start = server_starter(cluster, i, engine, actor_dir, cluster_cfg.start_timeout_s)
+                else:
+                    start = replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
                 guard = SupervisedEngine(
                     await start(), start, latest, max_restarts=engine.max_restarts, on_failed=on_failed
                 )
@@ -93,7 +108,21 @@ class RayParts:
             await asyncio.to_thread(self.cluster.close)
 
 
-def _replica_starter(
+def server_starter(
+    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, timeout_s: float
+) -> Callable[[], Awaitable[Any]]:
+    """Starts replica ``index`` as a vLLM / SGLang server in its bundle (again, after it died)."""
+
+    async def start() -> Any:
+        return await launch_server_replica(
+            cluster, index, engine.backend, model_dir, python=engine.python, dtype=engine.dtype,
+            max_running=engine.max_concurrent, extra_args=engine.server_args, timeout_s=timeout_s,
+        )  # fmt: skip
+
+    return start
+
+
+def replica_starter(
     cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, tokenizer_dir: Path
 ) -> Callable[[], Awaitable[RemoteEngine]]:
     """Starts replica ``index`` in its bundle (again, after it died) and waits until it serves."""

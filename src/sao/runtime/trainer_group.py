@@ -132,15 +132,15 @@ class TrainerRankActor:
             self._sync.close()
         self._sync = None
 
-    def write_weights(self, directory: str) -> str | None:
+    def write_weights(self, directory: str, config_from: str | None = None) -> str | None:
         """All ranks gather; rank 0 writes the full actor state as a safetensors checkpoint directory
-        (engine names, experts unfused; `sao.engine.weights.write_update_dir`)."""
+        (engine names, experts unfused, ``config.json`` beside them; `write_update_dir`)."""
         from sao.engine.weights import write_update_dir
 
         state = self.trainer.full_actor_state()
         if self.rank != 0:
             return None
-        return str(write_update_dir(state, directory))
+        return str(write_update_dir(state, directory, config_from=config_from))
 
     def save(self, directory: str) -> None:
         self.trainer.save(directory)
@@ -283,7 +283,7 @@ class TrainerGroup:
 
     def write_weights(self, directory: Path) -> str:
         """Rank 0 writes the full weights to ``directory`` (every rank gathers); returns the path."""
-        return self._all("write_weights", str(directory))[0]
+        return self._all("write_weights", str(directory), self.args.actor_dir)[0]
 
     def save(self, directory: Path) -> None:
         """Every rank writes its DCP shard under ``directory/dcp``; rank 0 also the HF ``actor/`` (and
