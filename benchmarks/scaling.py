@@ -47,7 +47,7 @@ from sao.models.tiny import tiny_checkpoint
 from sao.runtime.build import FACTORIES
 from sao.runtime.engine_guard import SupervisedEngine
 from sao.runtime.engine_pool import EnginePool
-from sao.runtime.ray_backend import _replica_starter
+from sao.runtime.ray_backend import replica_starter
 from sao.runtime.ray_cluster import RayCluster
 from sao.runtime.trainer_group import TrainerGroup, TrainerGroupArgs
 from sao.runtime.weight_sync import make_weight_sync
@@ -135,7 +135,7 @@ async def main(args: argparse.Namespace) -> None:
         engine = FACTORIES["engine"](cfg)
         replicas = []
         for i in range(3):
-            start = _replica_starter(cluster, i, engine, model_dir, model_dir)
+            start = replica_starter(cluster, i, engine, model_dir, model_dir)
 
             async def latest():  # never called: nothing is restarted here
                 raise RuntimeError("no restarts in the benchmark")
