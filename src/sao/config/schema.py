@@ -337,13 +337,18 @@ class RuntimeConfig(_Section):
         return self
 
     def resolved_weight_sync(self, engine_backend: str = "local") -> str:
-        """``weight_sync`` with 'auto' resolved: inproc (local runtime), disk (ray with vLLM / SGLang
-        server replicas), broadcast (ray with LocalEngine replicas)."""
-        if self.weight_sync != "auto":
-            return self.weight_sync
-        if self.backend == "local":
-            return "inproc"
-        return "disk" if engine_backend in ("vllm", "sglang") else "broadcast"
+        """``weight_sync`` with 'auto' resolved (`weight_sync_path`)."""
+        return weight_sync_path(self.weight_sync, self.backend, engine_backend)
+
+
+def weight_sync_path(setting: str, runtime_backend: str, engine_backend: str) -> str:
+    """``runtime.weight_sync`` with 'auto' resolved: inproc (local runtime), disk (ray with vLLM / SGLang
+    server replicas), broadcast (ray with LocalEngine replicas)."""
+    if setting != "auto":
+        return setting
+    if runtime_backend == "local":
+        return "inproc"
+    return "disk" if engine_backend in ("vllm", "sglang") else "broadcast"
 
 
 class ClusterConfig(_Section):

@@ -152,4 +152,4 @@ class ClusterArgs:
     """The distributed runtime's placement (the whole cluster section) and its weight-sync path."""
 
     cluster: ClusterConfig
-    weight_sync: str  # runtime.weight_sync with 'auto' resolved
+    weight_sync: str  # runtime.weight_sync ('auto' is resolved with the engine backend: RayParts)

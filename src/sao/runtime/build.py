@@ -155,8 +155,8 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
     return EvalArgs(files, env_args(data), settings, logging.eval_every, eval.at_start)
 
 
-def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig, engine: EngineConfig) -> ClusterArgs:
-    return ClusterArgs(cluster, runtime.resolved_weight_sync(engine.backend))
+def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:
+    return ClusterArgs(cluster, runtime.weight_sync)
 
 
 def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:
@@ -241,8 +241,7 @@ FACTORIES: dict[str, Factory] = {
                           "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
                           "engine.max_new_tokens"),
                          "evaluation during training (sao.runtime.evaluation.TrainingEvaluator)"),
-    "cluster": Factory(cluster_args, ("cluster", "runtime", "engine"),
-                       ("cluster.*", "runtime.weight_sync", "engine.backend"),
+    "cluster": Factory(cluster_args, ("cluster", "runtime"), ("cluster.*", "runtime.weight_sync"),
                        "the Ray runtime: cluster, engine replicas, trainer ranks, weight sync "
                        "(sao.runtime.ray_backend.RayParts)"),
     "loop": Factory(loop_args, ("trainer", "runtime"),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.config import ClusterConfig
+from sao.config.schema import weight_sync_path
 
 from .args import CriticArgs, EngineArgs, TrainerArgs
 from .engine_guard import SupervisedEngine
@@ -91,7 +92,8 @@ class RayParts:
                 replicas.append(guard)
             pool = EnginePool(replicas)
             backend = "nccl" if cluster_cfg.engine_gpus > 0 and cluster_cfg.trainer_gpus > 0 else "gloo"
-            sync = make_weight_sync(weight_sync, group, pool, run_dir, backend)
+            path = weight_sync_path(weight_sync, "ray", engine.backend)
+            sync = make_weight_sync(path, group, pool, run_dir, backend)
             return cls(cluster, pool, group, sync)
         except BaseException:
             if pool is not None:
