@@ -4,6 +4,9 @@ A checkpoint is ``run_dir/checkpoints/step_{step:08d}/`` holding
 
 - ``actor/``: the policy as an HF checkpoint (``save_pretrained``, safetensors),
 - ``critic/``: the critic's ``save_pretrained`` directory, when there is a critic,
+- ``dcp/``: with a sharded trainer (``runtime.backend=ray``), the model and optimizer shards of every rank
+  (torch.distributed.checkpoint, `sao.train.dcp`; its ``actor/`` / ``critic/`` are then the full weights
+  written by rank 0, and ``trainer_state.pt`` holds no optimizer state),
 - ``trainer_state.pt``: whatever the trainer needs to continue (optimizer, scheduler, baseline state …),
 - ``rng.pt``: python ``random``, numpy, torch CPU and CUDA generator states,
 - ``meta.json``: step, policy version, data position, trajectory counters, config snapshot, versions, time.
