@@ -95,6 +95,7 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
     steps = [r for r in lines if "reward/mean" in r]
     assert [r["policy/version"] for r in steps] == [1, 2, 3, 4]
     assert steps[-1]["runtime/engine_restarts"] >= 1  # the killed replica was restarted
+    assert steps[-1]["runtime/dropped/engine_crash"] >= 1  # and its episodes in flight dropped, with why
     assert steps[-1]["trainer/world_size"] == 2
     assert any(len(v) > 1 for v in watch.versions)  # a trajectory generated across a weight update
     assert max(r["lag/version_span_max"] for r in steps) >= 1
