@@ -10,7 +10,7 @@ explicitly rather than left to Ray's defaults:
 - its own session directory (``cluster.temp_dir``, else a fresh ``/tmp/sao-ray-*``; Unix sockets there
   must stay under 108 bytes of path), removed at the end;
 - ``cluster.num_cpus`` / ``cluster.num_gpus`` logical resources;
-- no dashboard, no usage stats.
+- no dashboard UI (Ray still runs its minimal dashboard process, on 127.0.0.1), no usage stats.
 
 Before any actor starts, the actors' total request (`ClusterConfig.requested`) is compared with what the
 cluster has (`check_cluster_resources`, a `ConfigError` naming the key), then one placement group holds a
