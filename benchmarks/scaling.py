@@ -167,7 +167,7 @@ async def main(args: argparse.Namespace) -> None:
 
         group_args = TrainerGroupArgs(
             actor_dir=str(model_dir), critic_dir=str(model_dir), trainer=FACTORIES["trainer"](cfg),
-            dtype="float32", device="cpu", threads=1, uses_critic=True, head_init="zero",
+            dtype="float32", device="cpu", threads=1, head_init="zero",
         )  # fmt: skip
         g1 = await asyncio.to_thread(TrainerGroup.create, cluster, group_args, [0])
         g2 = await asyncio.to_thread(TrainerGroup.create, cluster, group_args, [1, 2])

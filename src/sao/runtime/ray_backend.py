@@ -62,7 +62,7 @@ class RayParts:
             group_args = TrainerGroupArgs(
                 actor_dir=str(actor_dir), critic_dir=str(critic_dir) if critic_dir else None, trainer=trainer,
                 dtype=engine.dtype, device=engine.device, threads=actor_threads(cluster_cfg.trainer_cpus),
-                uses_critic=critic.enabled, head_init=critic.head_init,
+                head_init=critic.head_init,
             )  # fmt: skip
             group = await asyncio.to_thread(TrainerGroup.create, cluster, group_args)
 

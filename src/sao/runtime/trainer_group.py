@@ -38,7 +38,6 @@ class TrainerGroupArgs:
     dtype: str
     device: str
     threads: int
-    uses_critic: bool
     head_init: str
 
 
@@ -80,7 +79,7 @@ class TrainerRankActor:
         )
         t = args.trainer
         self.trainer = RankTrainer(
-            args.actor_dir, args.critic_dir if args.uses_critic else None, t.algo, t.critic, t.optim,
+            args.actor_dir, args.critic_dir, t.algo, t.critic, t.optim,
             temperature=t.temperature, dtype=args.dtype, device=args.device, head_init=args.head_init,
             seed=t.optim.seed,
         )  # fmt: skip
@@ -158,16 +157,14 @@ class TrainerRankActor:
 class TrainerGroup:
     """The driver's handle on the trainer ranks (module docstring); the `Trainer` surface of the run."""
 
-    def __init__(self, ranks: list[Any], args: TrainerGroupArgs, timeout_s: float) -> None:
+    def __init__(self, ranks: list[Any], args: TrainerGroupArgs) -> None:
         from sao.algos import AdvantageParams, get_advantage_estimator, make_advantage_state
 
-        self.ranks, self.args, self.timeout_s = ranks, args, timeout_s
+        self.ranks, self.args = ranks, args
         algo = args.trainer.algo
         self.algo = algo
         self._estimator = get_advantage_estimator(algo.advantage)
-        self._params = AdvantageParams.from_config(algo)
-        self._adv_state = make_advantage_state(algo.advantage, self._params)
-        self._state: dict[str, Any] = {}
+        self._adv_state = make_advantage_state(algo.advantage, AdvantageParams.from_config(algo))
         self.step = 0
         self.uses_critic = algo.uses_critic
 
@@ -187,7 +184,7 @@ class TrainerGroup:
             cluster.track(remote.options(**cluster.trainer_options(b)).remote(r, world, args.threads, quiet))
             for r, b in enumerate(bundles)
         ]
-        group = cls(ranks, args, cluster.cfg.start_timeout_s)
+        group = cls(ranks, args)
         host, port = group._get(ranks[0].rendezvous.remote())
         group._get([rank.setup.remote(host, port, args) for rank in ranks])
         return group
@@ -195,7 +192,7 @@ class TrainerGroup:
     def _get(self, refs: Any, timeout: float | None = None) -> Any:
         import ray
 
-        return ray.get(refs, timeout=timeout if timeout is not None else None)
+        return ray.get(refs, timeout=timeout)
 
     def _all(self, method: str, *args: Any) -> list[Any]:
         return self._get([getattr(rank, method).remote(*args) for rank in self.ranks])
@@ -221,7 +218,8 @@ class TrainerGroup:
 
         from sao.train.split import shard_indices
 
-        shards = shard_indices(list(batch.group_ids), batch.seq_lengths.tolist(), self.world_size)
+        lengths = batch.seq_lengths.tolist()
+        shards = shard_indices(list(batch.group_ids), lengths, self.world_size)
         ref = ray.put(batch)
         pairs = zip(self.ranks, shards, strict=True)
         calls = [rank.train_step.remote(ref, shard, policy_version) for rank, shard in pairs]
@@ -229,19 +227,14 @@ class TrainerGroup:
         self._mirror(out["state"])
         metrics = dict(out["metrics"])
         metrics["trainer/world_size"] = float(self.world_size)
-        sizes = [sum(batch.seq_lengths[i].item() for i in s) for s in shards]
+        sizes = [sum(lengths[i] for i in shard) for shard in shards]
         metrics["trainer/rank_tokens_max_frac"] = max(sizes) / max(sum(sizes), 1)
         return metrics
 
     def _mirror(self, state: dict[str, Any]) -> None:
-        self._state = state
         self.step = int(state["step"])
         if self._adv_state is not None and state.get("adv_state") is not None:
             self._adv_state.load_state_dict(state["adv_state"])
-
-    @property
-    def critic_warming_up(self) -> bool:
-        return self.uses_critic and self.step < self.args.trainer.critic.warmup_steps
 
     def state_dict(self) -> dict[str, Any]:
         """The trainers' own state (counters, schedulers, estimator; identical on every rank): rank 0's."""

@@ -111,9 +111,6 @@ class RankTrainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.trainer.load_state_dict(state)
 
-    def sampling_weights(self, prompt_ids: list[str]) -> list[float] | None:
-        return self.trainer.sampling_weights(prompt_ids)
-
     def full_actor_state(self) -> dict[str, Tensor] | None:
         """The actor's full weights (CPU) on rank 0, None on the others (every rank must call it)."""
         state = full_state_dict(self.actor)
