@@ -52,6 +52,7 @@ __all__ = [
     "generate_request",
     "parse_generate_chunk",
     "sglang_server_command",
+    "sglang_server_env",
     "supports_pause_modes",
 ]
 
@@ -195,6 +196,14 @@ def sglang_server_command(
     return argv + list(extra_args)
 
 
+def sglang_server_env(overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment plus ``HF_HUB_OFFLINE=1`` unless set, then ``overrides``."""
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.update(overrides or {})
+    return env
+
+
 class SGLangEngine(HTTPEngine):
     """`InferenceEngine` over one SGLang server; see the module docstring. Build with `launch` or `attach`.
 
@@ -262,12 +271,9 @@ class SGLangEngine(HTTPEngine):
         argv = sglang_server_command(
             model_dir, python=python, port=port, host=host, dtype=dtype, extra_args=extra_args
         )
-        server_env = dict(os.environ)
-        server_env.setdefault("HF_HUB_OFFLINE", "1")
-        server_env.update(env or {})
         return await cls._start_and_attach(
-            argv, f"http://{host}:{port}", env=server_env, timeout_s=startup_timeout_s, log_path=log_path,
-            config_dir=model_dir, **kwargs,
+            argv, f"http://{host}:{port}", env=sglang_server_env(env), timeout_s=startup_timeout_s,
+            log_path=log_path, config_dir=model_dir, **kwargs,
         )  # fmt: skip
 
     def _request_body(

@@ -8,6 +8,7 @@ A process or server that does not come up is an `EngineStartError` carrying the 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ from sao.engine.types import InferenceEngine
 if TYPE_CHECKING:
     from .args import EngineArgs
 
-__all__ = ["EngineStartError", "start_engine"]
+__all__ = ["EngineStartError", "server_extra_args", "start_engine"]
 
 
 class EngineStartError(RuntimeError):
@@ -57,9 +58,15 @@ async def _server_engine(args: EngineArgs, actor_dir: Path) -> InferenceEngine:
             await engine.close()
             raise
         return engine
-    # engine.max_concurrent as the server's own flag, unless server_args set it
-    flag = "--max-num-seqs" if args.backend == "vllm" else "--max-running-requests"
-    extra = list(args.server_args)
-    if flag not in extra:
-        extra += [flag, str(args.max_concurrent)]
+    extra = server_extra_args(args.backend, args.server_args, args.max_concurrent)
     return await cls.launch(actor_dir, python=args.python, dtype=args.dtype, extra_args=extra)
+
+
+def server_extra_args(backend: str, server_args: Sequence[str], max_concurrent: int) -> list[str]:
+    """``engine.server_args`` plus ``engine.max_concurrent`` as the vLLM / SGLang server's own flag
+    (``--max-num-seqs`` / ``--max-running-requests``), unless the server args set it already."""
+    flag = "--max-num-seqs" if backend == "vllm" else "--max-running-requests"
+    extra = list(server_args)
+    if flag not in extra:
+        extra += [flag, str(max_concurrent)]
+    return extra

@@ -36,27 +36,25 @@ class ServerReplica:
 
         from sao.engine.server_process import ServerProcess, free_port
 
+        from .engines import server_extra_args
+
         host = ray.util.get_node_ip_address()
         port = free_port(host)
-        extra = list(extra_args)
+        extra = server_extra_args(backend, extra_args, max_running)
         if backend == "vllm":
             from sao.engine.vllm import vllm_server_command, vllm_server_env
 
             python = python or os.environ.get("SAO_VLLM_PYTHON")
-            if "--max-num-seqs" not in extra:
-                extra += ["--max-num-seqs", str(max_running)]
             argv = vllm_server_command(model_dir, python=python or "python", port=port, host=host,
                                        dtype=dtype, extra_args=extra)  # fmt: skip
             env = vllm_server_env()
         else:
-            from sao.engine.sglang import sglang_server_command
+            from sao.engine.sglang import sglang_server_command, sglang_server_env
 
             python = python or os.environ.get("SAO_SGLANG_PYTHON")
-            if "--max-running-requests" not in extra:
-                extra += ["--max-running-requests", str(max_running)]
             argv = sglang_server_command(model_dir, python=python or "python", port=port, host=host,
                                          dtype=dtype, extra_args=extra)  # fmt: skip
-            env = {**os.environ, "HF_HUB_OFFLINE": os.environ.get("HF_HUB_OFFLINE", "1")}
+            env = sglang_server_env()
         self.server = ServerProcess.start(argv, f"http://{host}:{port}", env=env, timeout_s=timeout_s,
                                           die_with_parent=True)  # fmt: skip
         return self.server.base_url
