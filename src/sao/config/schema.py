@@ -6,6 +6,7 @@ the paper is silent (docs/config.md); each is an option so it can be ablated.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -317,16 +318,22 @@ class RuntimeConfig(_Section):
         description="'local': one process; 'ray': engine replicas and FSDP2 trainer ranks as Ray actors "
         "(the cluster section), with the same run loop in the driver.",
     )
-    weight_sync: Literal["auto", "inproc", "object_store", "broadcast", "disk"] = Field(
+    weight_sync: Literal["auto", "inproc", "object_store", "broadcast", "disk", "vllm", "sglang"] = Field(
         "auto",
         description="How new weights reach the engines: 'inproc' (local runtime), 'object_store' (Ray's, "
         "small models), 'broadcast' (a process group of trainer rank 0 and the engine replicas, gloo/NCCL), "
         "'disk' (a safetensors directory the engines reload). 'auto': inproc for local; for ray broadcast, "
-        "or disk with vLLM / SGLang server replicas.",
+        "or disk with vLLM / SGLang server replicas. 'vllm' / 'sglang' (the servers' native NCCL transfer) "
+        "are refused until runs drive them.",
     )
 
     @model_validator(mode="after")
     def _sync_fits_backend(self) -> RuntimeConfig:
+        if self.weight_sync in ("vllm", "sglang"):
+            raise ValueError(
+                f"runtime.weight_sync={self.weight_sync!r}: the server's native NCCL weight transfer is not "
+                "driven by runs yet (sao.engine.native_sync has its requests); server replicas use 'disk'"
+            )
         if self.backend == "local" and self.weight_sync not in ("auto", "inproc"):
             raise ValueError(
                 f"runtime.weight_sync={self.weight_sync!r} applies to runtime.backend='ray'; the local "
@@ -521,8 +528,6 @@ class RunConfig(_Section):
                     "('disk'; their native NCCL transfer is not driven by runs yet)"
                 )
         if self.cluster.address is None:
-            import os
-
             cpus = self.cluster.num_cpus if self.cluster.num_cpus is not None else float(os.cpu_count() or 1)
             available = {"CPU": cpus}
             if self.cluster.num_gpus is not None:

@@ -252,7 +252,12 @@ FACTORIES: dict[str, Factory] = {
 # Keys whose effect is at load time, not in a component: `algo.preset` picks the preset that fills the
 # other algo/critic keys (sao.config.loading). Values refused at load name the key and why.
 READ_AT_LOAD: dict[str, str] = {"algo.preset": "selects the preset applied before the YAML and overrides"}
-REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {}
+REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {
+    "runtime.weight_sync": {
+        "vllm": "vLLM's native NCCL weight transfer is not driven by runs yet (use 'disk')",
+        "sglang": "SGLang's native NCCL weight transfer is not driven by runs yet (use 'disk')",
+    },
+}
 
 
 # ---- builders -----------------------------------------------------------------------------------------
