@@ -284,9 +284,9 @@ def make_sinks(
     return MultiSink(sinks, every=logging_cfg.log_every)
 
 
-def rewind_metrics(path: str | Path, step: int) -> int:
-    """Keep the records of ``path`` (a metrics JSONL) up to ``step``; move later ones, and unreadable
-    lines, to `DISCARDED_METRICS_FILE` beside it (appended). Returns how many lines moved."""
+def rewind_metrics(path: str | Path, step: int, discarded: str = DISCARDED_METRICS_FILE) -> int:
+    """Keep the records of ``path`` (a JSONL of records with a ``step``) up to ``step``; move later ones,
+    and unreadable lines, to ``discarded`` beside it (appended). Returns how many lines moved."""
     path = Path(path)
     if not path.exists():
         return 0
@@ -301,7 +301,7 @@ def rewind_metrics(path: str | Path, step: int) -> int:
             record_step = None
         (keep if record_step is not None and record_step <= step else moved).append(line)
     if moved:
-        with (path.parent / DISCARDED_METRICS_FILE).open("a", encoding="utf-8") as f:
+        with (path.parent / discarded).open("a", encoding="utf-8") as f:
             f.writelines(line + "\n" for line in moved)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")

@@ -46,8 +46,24 @@ def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
 def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_version(tmp_path):
     """``engine.backend=process``: value pretraining rollouts, generation and the weight pushes go to a child
     process; the run is otherwise the same pipeline."""
-    steps = _three_step_run(tmp_path / "run", "engine.backend=process", "engine.threads=1")
+    run = tmp_path / "run"
+    steps = _three_step_run(
+        run, "engine.backend=process", "engine.threads=1", "logging.episodes=true",
+        "logging.timeline_every_s=0.05",
+    )  # fmt: skip
     assert all(0.0 <= r["runtime/engine_idle_frac"] <= 1.0 for r in steps)  # the child's own stats
+    assert all(r["runtime/train_s"] > 0 and r["runtime/in_flight"] >= 0 for r in steps)
+    # The throughput logs: one episode line per trained trajectory, the timeline with the child's counters.
+    episodes = [json.loads(x) for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(e["step"] for e in episodes) == [1] * 4 + [2] * 4 + [3] * 4
+    assert all(e["turns"] and all(t["gen_tokens"] > 0 and t["generate_s"] > 0 for t in e["turns"])
+               for e in episodes)  # fmt: skip
+    assert all(0 <= e["lag_mean"] <= e["lag_max"] <= 2 for e in episodes)  # max_staleness=1: lag <= 2 here
+    timeline = [json.loads(x) for x in (run / "timeline.jsonl").read_text().splitlines()]
+    assert len(timeline) >= 3 and timeline[-1]["trained"] == 12
+    busy = [t["engine"]["busy_s"] for t in timeline]
+    assert busy == sorted(busy) and busy[-1] > 0  # cumulative, from the child engine
+    assert timeline[-1]["engine"]["decode_steps"] > 0 and timeline[-1]["engine"]["context_tokens"] > 0
 
 
 def test_an_engine_that_does_not_start_is_a_clear_error(tmp_path):

@@ -456,6 +456,17 @@ class LoggingConfig(_Section):
         description="Evaluate on data.eval_file every N steps (and at the end); null = at the end.",
     )
     keep_checkpoints: int = Field(3, ge=1, description="Most recent checkpoints kept.")
+    episodes: bool = Field(
+        False,
+        description="Append one line per trained trajectory (tokens and timings per turn, lag) to "
+        "RUN_DIR/episodes.jsonl: the empirical workload of `sao plan --workload`.",
+    )
+    timeline_every_s: float | None = Field(
+        None,
+        gt=0,
+        description="Every this many seconds, append episodes in flight, queue size and the engine's "
+        "counters to RUN_DIR/timeline.jsonl (occupancy plots, `sao plan --calibrate`); null = off.",
+    )
 
 
 def value_pretrain_enabled(algo: AlgoConfig, critic: CriticConfig) -> bool:

@@ -135,7 +135,16 @@ class LocalEngine:
         self._version = 0
         self._latest_requested_version = 0
         self._counters = dict.fromkeys(
-            ("finished", "aborted", "errors", "tokens_generated", "prefill_tokens", "decode_steps"), 0
+            (
+                "finished",
+                "aborted",
+                "errors",
+                "tokens_generated",
+                "prefill_tokens",
+                "decode_steps",
+                "context_tokens",
+            ),
+            0,
         )
         self._started_at: float | None = None
         self._idle_s = 0.0
@@ -213,8 +222,10 @@ class LocalEngine:
 
     def stats(self) -> dict[str, float]:
         """``running``, ``waiting``, ``finished`` (all delivered results), ``aborted``, ``errors``,
-        ``tokens_generated``, ``prefill_tokens``, ``decode_steps``, ``idle_fraction`` (loop time with nothing
-        to run / time since start; ``idle_s`` and ``uptime_s`` are the two terms), ``version``,
+        ``tokens_generated``, ``prefill_tokens``, ``decode_steps``, ``context_tokens`` (Σ over steps of the
+        running sequences' lengths: the attention work), ``idle_fraction`` (loop time with nothing to run /
+        time since start; ``idle_s`` and ``uptime_s`` are the two terms, ``busy_s`` their difference),
+        ``version``,
         ``last_update_latency_s`` (NaN before the first update), ``kv_tokens_reserved``, ``kv_capacity``
         (positions per slot currently allocated)."""
         with self._cond:
@@ -228,6 +239,7 @@ class LocalEngine:
                 idle_fraction=idle / wall if wall > 0 else 0.0,
                 idle_s=idle,
                 uptime_s=wall,
+                busy_s=wall - idle,
                 version=float(self._version),
                 last_update_latency_s=self._last_update_latency_s,
                 kv_tokens_reserved=float(self._scheduler.reserved),
@@ -348,6 +360,7 @@ class LocalEngine:
         self._counters["prefill_tokens"] += prefill_tokens
         self._counters["decode_steps"] += 1
         self._counters["tokens_generated"] += len(running)
+        self._counters["context_tokens"] += sum(len(r.tokens) for r in running)
         for request, token, logprob in zip(running, tokens, logprobs, strict=True):
             request.append(token, logprob, self._version)
         for request in running:  # only now: a removal moves another request's cache rows, all now current

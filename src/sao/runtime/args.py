@@ -18,6 +18,7 @@ __all__ = [
     "EvalArgs",
     "LoopArgs",
     "ModelArgs",
+    "RunLogArgs",
     "SamplerArgs",
     "SinkArgs",
     "StalenessArgs",
@@ -117,6 +118,15 @@ class CheckpointArgs:
     run_dir: Path
     keep_last: int
     every: int
+
+
+@dataclass(frozen=True)
+class RunLogArgs:
+    """The optional throughput logs (`sao.runtime.run_logs`): episodes.jsonl, timeline.jsonl."""
+
+    run_dir: Path
+    episodes: bool
+    timeline_every_s: float | None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from .args import (
     EvalArgs,
     LoopArgs,
     ModelArgs,
+    RunLogArgs,
     SamplerArgs,
     SinkArgs,
     StalenessArgs,
@@ -144,6 +145,10 @@ def sink_args(logging: LoggingConfig, name: str) -> SinkArgs:
     return SinkArgs(Path(logging.run_dir), logging, name)
 
 
+def run_log_args(logging: LoggingConfig) -> RunLogArgs:
+    return RunLogArgs(Path(logging.run_dir), logging.episodes, logging.timeline_every_s)
+
+
 def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig) -> EvalArgs:
     files = data.eval_file or ()
     files = (files,) if isinstance(files, str) else tuple(files)
@@ -236,6 +241,9 @@ FACTORIES: dict[str, Factory] = {
     "sinks": Factory(sink_args, ("logging", "name"),
                      ("logging.run_dir", "logging.tensorboard", "logging.wandb", "logging.log_every", "name"),
                      "metric sinks: JSONL, TensorBoard, W&B (sao.sinks.make_sinks)"),
+    "run_logs": Factory(run_log_args, ("logging",),
+                        ("logging.run_dir", "logging.episodes", "logging.timeline_every_s"),
+                        "episodes.jsonl and timeline.jsonl for throughput analysis (sao.runtime.run_logs)"),
     "evaluator": Factory(eval_args, ("data", "eval", "logging", "engine"),
                          ("data.eval_file", "eval.*", "logging.eval_every", "data.env", "data.env_kwargs",
                           "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",

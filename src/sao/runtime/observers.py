@@ -18,14 +18,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sao.types import Batch
+from sao.types import Batch, Trajectory
 
 __all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush"]
 
 
 @dataclass
 class StepRecord:
-    """One trained step: ``step`` and ``version`` after it, the batch, seconds waited and trained."""
+    """One trained step: ``step`` and ``version`` after it, the batch (and its trajectories, in batch
+    order), seconds waited and trained."""
 
     step: int
     version: int
@@ -33,6 +34,7 @@ class StepRecord:
     wait_s: float
     train_s: float
     metrics: dict[str, float] = field(default_factory=dict)
+    trajectories: list[Trajectory] = field(default_factory=list)
 
 
 class StepObserver(Protocol):
@@ -72,6 +74,10 @@ class Books:
                 "throughput/trajectories_per_s": n / busy,
                 "throughput/tokens_per_s": record.batch.num_tokens / busy,
                 "runtime/trainer_idle_frac": self.waited / max(time.monotonic() - self.started_at, 1e-9),
+                "runtime/wait_s": record.wait_s,
+                "runtime/train_s": record.train_s,
+                "runtime/in_flight": float(self.producer.in_flight),
+                "runtime/engine_running": engine.get("running", float("nan")),
                 "runtime/engine_idle_frac": engine.get("idle_fraction", float("nan")),
                 "runtime/queue_size": float(self.queue.qsize()),
                 "runtime/started": float(s.started),

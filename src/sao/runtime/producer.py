@@ -110,6 +110,11 @@ class Producer:
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=True)
 
+    @property
+    def in_flight(self) -> int:
+        """Episodes started and not yet finished (generating or waiting on their env)."""
+        return self._in_flight
+
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()

@@ -26,6 +26,7 @@ Holds no algorithm logic (that is `sao.train.step.Trainer`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ from .faults import EngineFailedError, NothingTrainableError, RunStopped
 from .observers import Books, Checkpoints, MetricsLog, StepObserver, StepRecord, WeightPush
 from .producer import Producer
 from .rollouts import collect_rollouts
+from .run_logs import EpisodeLog, Timeline
 from .sampler import PromptSampler
 from .staleness import StalenessManager
 from .weight_sync import InprocSync
@@ -223,6 +225,23 @@ class Run:
             MetricsLog(self.sinks, self.progress),
             Checkpoints(self._save_checkpoint, self.parts["checkpoints"].every, loop.total_steps),
         ]
+        logs = self.parts["run_logs"]
+        if logs.episodes:
+            self.observers.insert(2, EpisodeLog(logs.run_dir, resume_step))
+
+    def _timeline(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """The timeline sampler of ``logging.timeline_every_s`` (a no-op context when it is off)."""
+        every = self.parts["run_logs"].timeline_every_s
+        if every is None:
+            return contextlib.nullcontext()
+
+        def snapshot() -> dict[str, Any]:
+            s = self.staleness.stats()
+            engine = {k: float(v) for k, v in self.engine.stats().items() if isinstance(v, (int, float))}
+            return {"version": self.clock.version, "in_flight": self.producer.in_flight,
+                    "queued": self.queue.qsize(), "trained": s.trained, "engine": engine}  # fmt: skip
+
+        return Timeline(self.parts["run_logs"].run_dir, every, snapshot)
 
     def _sampler(self) -> PromptSampler:
         args = self.parts["sampler"]
@@ -305,23 +324,13 @@ class Run:
     async def loop(self) -> None:
         """Train until ``trainer.total_steps``; the producer runs beside it. Raises `RunStopped` (after a
         checkpoint) when the engine cannot be kept alive or training diverged."""
-        from sao.train.step import TrainingDiverged
-
         producing = asyncio.create_task(self.producer.run())
         try:
             if self.pre_metrics:
                 self.sinks.log(0, self.pre_metrics)
             self.evaluator.on_start()
-            with self.progress:
-                while self.trainer.step < self.parts["loop"].total_steps:
-                    try:
-                        record = await self._train_one()
-                        await self._observe(record)
-                    except (EngineFailedError, NothingTrainableError, TrainingDiverged) as err:
-                        raise self._stop_cleanly(err) from err
-                    self.engine.note_progress()
-                    self.evaluator.on_step(record.step)
-                    self.last = record.metrics
+            async with self._timeline():
+                await self._steps()
             self.producer.stop()
             await producing
             await self.evaluator.finish(self.trainer.step)  # the final evaluation has the engine to itself
@@ -330,6 +339,21 @@ class Run:
             await producing
             self.evaluator.cancel()
             await self.evaluator.wait()
+
+    async def _steps(self) -> None:
+        """Train, observe, repeat, until ``trainer.total_steps``."""
+        from sao.train.step import TrainingDiverged
+
+        with self.progress:
+            while self.trainer.step < self.parts["loop"].total_steps:
+                try:
+                    record = await self._train_one()
+                    await self._observe(record)
+                except (EngineFailedError, NothingTrainableError, TrainingDiverged) as err:
+                    raise self._stop_cleanly(err) from err
+                self.engine.note_progress()
+                self.evaluator.on_step(record.step)
+                self.last = record.metrics
 
     async def _observe(self, record: StepRecord) -> None:
         """Every observer, in order; if one fails, the books still learn of the trained batch first."""
@@ -382,7 +406,7 @@ class Run:
             )
             self.clock.advance(len(trajs))
         return StepRecord(
-            self.trainer.step, self.clock.version, batch, wait_s, time.monotonic() - t1, metrics
+            self.trainer.step, self.clock.version, batch, wait_s, time.monotonic() - t1, metrics, trajs
         )
 
     async def close(self) -> RunResult:
