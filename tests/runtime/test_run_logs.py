@@ -36,6 +36,7 @@ def test_episode_summary_counts_prompt_reply_and_observation_tokens_and_the_lag(
     ]
     # lags 3,3,2,1,1 over the five action tokens
     assert math.isclose(s["lag_mean"], 10 / 5) and s["lag_max"] == 3
+    assert s["lag_counts"] == {"3": 2, "2": 1, "1": 2}
     assert (s["step"], s["trained_version"], s["reward"], s["finish_reason"]) == (7, 6, 1.0, "stop")
 
 

@@ -7,4 +7,5 @@ from sao.envs import (
     long_tail,  # noqa: F401
     math_tir,  # noqa: F401
     style_shift,  # noqa: F401
+    tool_latency,  # noqa: F401
 )

@@ -9,14 +9,14 @@
 An ``episodes.jsonl`` line::
 
     {"step": 3, "trained_version": 2, "prompt_tokens": 41, "start_version": 1, "lag_mean": 0.8,
-     "lag_max": 1, "finish_reason": "stop", "reward": 1.0,
+     "lag_max": 1, "lag_counts": {"0": 7, "1": 5}, "finish_reason": "stop", "reward": 1.0,
      "turns": [{"gen_tokens": 9, "obs_tokens": 6, "generate_s": 0.021, "env_s": 0.31}, ...]}
 
 ``step`` is the trainer step that trained it (after the step), ``trained_version`` the policy version the
 step trained from, ``start_version`` the version of its first generated token, ``lag`` = trained_version −
-token version over its action tokens; ``obs_tokens`` of a turn: observation tokens appended after that
-turn's reply (0 after the last). A resumed run moves the lines of steps it redoes to
-``episodes.discarded.jsonl`` (as the metrics are).
+token version over its action tokens (``lag_counts``: action tokens per lag); ``obs_tokens`` of a turn:
+observation tokens appended after that turn's reply (0 after the last). A resumed run moves the lines of
+steps it redoes to ``episodes.discarded.jsonl`` (as the metrics are); its timeline restarts ``t`` at 0.
 
 A ``timeline.jsonl`` line::
 
@@ -89,6 +89,9 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
         })  # fmt: skip
     versions = [v for v, a in zip(traj.versions, traj.action_mask, strict=True) if a and v >= 0]
     lags = [trained_version - v for v in versions]
+    counts: dict[str, int] = {}
+    for lag in lags:
+        counts[str(lag)] = counts.get(str(lag), 0) + 1
     return {
         "step": step,
         "trained_version": trained_version,
@@ -96,6 +99,7 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
         "start_version": versions[0] if versions else None,
         "lag_mean": sum(lags) / len(lags) if lags else 0.0,
         "lag_max": max(lags, default=0),
+        "lag_counts": counts,
         "finish_reason": traj.finish_reason,
         "reward": traj.outcome_reward,
         "turns": turns,
