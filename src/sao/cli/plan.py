@@ -1,0 +1,338 @@
+"""`sao plan`: the resource plan and the throughput model (a discrete-event simulation) of a run config.
+
+Pure Python (no torch): `sao.plan` simulates the producer, the engine replicas, the trainer and the weight
+pushes with stage constants from a calibration file (`sao plan --calibrate RUN_DIR`), a named profile or
+explicit flags; it never invents rates. See docs/planner.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from sao.cli.common import ConfigArgs, _config_from_args, _fail, _stdout, app
+from sao.config import ConfigError, RunConfig
+from sao.plan import (
+    EmpiricalWorkload,
+    EngineCosts,
+    Layout,
+    ParametricWorkload,
+    PlanResult,
+    StageCosts,
+    TrainerCosts,
+    Workload,
+    best_split,
+    budget_workload,
+    calibrate,
+    config_inputs,
+    parse_dist,
+    simulate,
+    summarize,
+)
+from sao.plan.calibrate import CalibrationError
+from sao.plan.costs import CostsError
+from sao.plan.from_config import ConfigInputs
+from sao.plan.workload import EPISODES_FILE, WorkloadError
+
+NO_COSTS = (
+    "the throughput model needs stage constants: --calibration FILE (from `sao plan --calibrate "
+    "RUN_DIR`), --profile NAME, or explicit --engine-t0/--engine-t1/--engine-c/--engine-p and "
+    "--trainer-a/--trainer-b [--push-s]"
+)
+
+Opt = typer.Option
+_ENGINE_KEYS = ("t0_s", "t1_s", "c_s", "p_s")
+_TRAINER_KEYS = ("a_s", "b_s", "scaling_eff", "critic_step_factor")
+
+
+def resource_plan(cfg: RunConfig) -> tuple[Any, Any] | None:
+    """``(plan, renderable)`` of `sao.plan.resources` (written separately); None while it does not exist."""
+    try:
+        module = importlib.import_module("sao.plan.resources")
+    except ModuleNotFoundError as err:
+        if err.name != "sao.plan.resources":
+            raise
+        return None
+    plan = module.resource_plan(cfg)
+    return plan, module.format_resource_plan(plan)
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    dump = getattr(obj, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(obj)
+
+
+def _costs(
+    calibration: Path | None, profile: str | None, flags: dict[str, float | None], critic_steps: int
+) -> StageCosts | None:
+    """Stage constants: a calibration file or a profile, then explicit flags on top (explicit trainer a/b
+    are for one worker); None when nothing is given."""
+    base: StageCosts | None = None
+    if calibration is not None:
+        base = StageCosts.read(calibration)
+    elif profile is not None:
+        from sao.plan.peers import profile_costs
+
+        base = profile_costs(profile)
+    given = {k: v for k, v in flags.items() if v is not None}
+    if base is None and not given:
+        return None
+    if base is None:
+        if not {"t0_s", "t1_s", "c_s"} & set(given) or not {"a_s", "b_s"} & set(given):
+            raise CostsError(f"explicit stage constants need an engine and a trainer cost ({NO_COSTS})")
+        engine = EngineCosts(*(given.get(k, 0.0) for k in _ENGINE_KEYS))
+        base = StageCosts(engine, TrainerCosts(given.get("a_s", 0.0), given.get("b_s", 0.0)), source="flags")
+    elif given:
+        base = dataclasses.replace(base, source=f"{base.source} + flags {', '.join(sorted(given))}")
+    engine = dataclasses.replace(base.engine, **{k: v for k, v in given.items() if k in _ENGINE_KEYS})
+    trainer = dataclasses.replace(base.trainer, **{k: v for k, v in given.items() if k in _TRAINER_KEYS})
+    if trainer.critic_step_factor:  # a calibrated a/b holds the preset's K already; the factor adds to it
+        trainer = dataclasses.replace(trainer, critic_steps=critic_steps)
+    return dataclasses.replace(base, engine=engine, trainer=trainer, push_s=given.get("push_s", base.push_s))
+
+
+def _workload(
+    run_dir: Path | None, specs: dict[str, str | None], inputs: ConfigInputs, cfg: RunConfig
+) -> Workload:
+    """Recorded episodes, parametric flags, the config's own run directory, else the budget bound."""
+    if run_dir is not None:
+        return EmpiricalWorkload.from_run_dir(run_dir)
+    given = {k: parse_dist(v) for k, v in specs.items() if v is not None}
+    if given:
+        return ParametricWorkload(
+            **given,
+            max_turns=inputs.max_turns,
+            max_new_tokens=inputs.max_new_tokens,
+            max_total_tokens=inputs.max_total_tokens,
+        )  # type: ignore[arg-type]
+    if (Path(cfg.logging.run_dir) / EPISODES_FILE).is_file():
+        return EmpiricalWorkload.from_run_dir(cfg.logging.run_dir)
+    return budget_workload(inputs)
+
+
+def _calibrate_only(run_dir: Path, out: Path | None, as_json: bool) -> None:
+    from sao.plan.report import costs_table
+
+    try:
+        costs = calibrate(run_dir)
+    except (CalibrationError, CostsError) as err:
+        raise _fail(f"error: {err}") from None
+    if out is not None:
+        costs.write(out)
+    if as_json:
+        typer.echo(json.dumps(costs.to_json(), indent=2))
+        return
+    console = _stdout()
+    console.print(costs_table(costs))
+    if out is not None:
+        console.print(f"wrote {out} (use it with: sao plan CONFIG --calibration {out})", highlight=False)
+
+
+@app.command("plan")
+def plan_command(
+    args: ConfigArgs = None,
+    calibrate_dir: Annotated[
+        Path | None, Opt("--calibrate", help="Fit stage constants from RUN_DIR.")
+    ] = None,
+    out: Annotated[
+        Path | None, Opt("--out", help="With --calibrate: write the calibration JSON here.")
+    ] = None,
+    calibration: Annotated[Path | None, Opt("--calibration", help="Calibration JSON to use.")] = None,
+    profile: Annotated[str | None, Opt("--profile", help="Named profile of stage constants (docs).")] = None,
+    workload_dir: Annotated[Path | None, Opt("--workload", help="Resample RUN_DIR/episodes.jsonl.")] = None,
+    turns: Annotated[str | None, Opt(help="Turns per episode, e.g. 'power:alpha=1.5,max=50'.")] = None,
+    gen_tokens: Annotated[
+        str | None, Opt(help="Generated tokens per turn, e.g. 'lognormal:median=800,sigma=0.7'.")
+    ] = None,
+    obs_tokens: Annotated[str | None, Opt(help="Observation tokens per turn.")] = None,
+    prompt_tokens: Annotated[str | None, Opt(help="Prompt tokens.")] = None,
+    env_s: Annotated[
+        str | None, Opt(help="Env seconds per turn, e.g. 'lognormal:median=2,sigma=1,max=60'.")
+    ] = None,
+    engine_t0: Annotated[float | None, Opt(help="Engine seconds per step.")] = None,
+    engine_t1: Annotated[float | None, Opt(help="Engine seconds per sequence per step.")] = None,
+    engine_c: Annotated[float | None, Opt(help="Engine seconds per context token per step.")] = None,
+    engine_p: Annotated[float | None, Opt(help="Engine seconds per prefill token.")] = None,
+    trainer_a: Annotated[float | None, Opt(help="Trainer seconds per step.")] = None,
+    trainer_b: Annotated[float | None, Opt(help="Trainer seconds per batch token.")] = None,
+    trainer_eff: Annotated[float | None, Opt(help="Trainer worker-scaling efficiency (0, 1].")] = None,
+    critic_step_factor: Annotated[float | None, Opt(help="Cost of a critic step / actor step (× K).")] = None,
+    push_s: Annotated[float | None, Opt(help="Seconds per weight push.")] = None,
+    engines: Annotated[int | None, Opt(help="Engine replicas (default cluster.engine_replicas).")] = None,
+    trainers: Annotated[int | None, Opt(help="Trainer workers (default cluster.trainer_workers).")] = None,
+    gpus: Annotated[int | None, Opt(help="GPU pool: also sweep its engine/trainer split.")] = None,
+    gpus_per_engine: Annotated[float | None, Opt(help="GPUs per engine replica.")] = None,
+    gpus_per_trainer: Annotated[float | None, Opt(help="GPUs per trainer worker.")] = None,
+    mode: Annotated[str, Opt(help="sync, async or both.")] = "both",
+    colocated: Annotated[bool, Opt(help="Sync mode on one pool time-shared by engines and trainer.")] = False,
+    prefix_cache: Annotated[
+        bool, Opt(help="Engines cache earlier turns' KV (a turn prefills only its new tokens); sao's do not.")
+    ] = False,
+    steps: Annotated[int, Opt(help="Trainer steps simulated.")] = 12,
+    warmup: Annotated[int, Opt(help="Steps left out of the measurement.")] = 2,
+    seed: Annotated[int, Opt(help="Workload sampling seed.")] = 0,
+    stride: Annotated[int, Opt(help="With --gpus: simulate every N-th replica count.")] = 1,
+    as_json: Annotated[bool, Opt("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Plan a run: its resources, then trained trajectories/hour, utilisations and lag, sync and async."""
+    if calibrate_dir is not None:
+        _calibrate_only(calibrate_dir, out, as_json)
+        return
+    cfg = _config_from_args(args)
+    if mode not in ("sync", "async", "both"):
+        raise _fail(f"error: --mode: must be sync, async or both, got {mode!r}")
+    if colocated and mode == "async":
+        raise _fail("error: --colocated time-shares the GPUs: it applies to sync mode only")
+    try:
+        resources, resources_error = resource_plan(cfg), None
+    except (ConfigError, ValueError) as err:  # e.g. model.path not written yet: the model below still runs
+        resources, resources_error = None, str(err)
+    inputs = config_inputs(cfg)
+    inputs = dataclasses.replace(inputs, policy=dataclasses.replace(inputs.policy, prefix_cache=prefix_cache))
+    flags = {
+        "t0_s": engine_t0,
+        "t1_s": engine_t1,
+        "c_s": engine_c,
+        "p_s": engine_p,
+        "a_s": trainer_a,
+        "b_s": trainer_b,
+        "scaling_eff": trainer_eff,
+        "critic_step_factor": critic_step_factor,
+        "push_s": push_s,
+    }
+    specs = {
+        "turns": turns,
+        "gen_tokens": gen_tokens,
+        "obs_tokens": obs_tokens,
+        "prompt_tokens": prompt_tokens,
+        "env_s": env_s,
+    }
+    try:
+        costs = _costs(calibration, profile, flags, inputs.critic_steps)
+        workload = _workload(workload_dir, specs, inputs, cfg)
+        base = inputs.layout
+        layout = Layout(
+            engines or base.engine_replicas,
+            trainers or base.trainer_workers,
+            gpus_per_engine or base.gpus_per_engine,
+            gpus_per_trainer or base.gpus_per_trainer,
+        )
+    except (CostsError, WorkloadError, ValueError) as err:
+        raise _fail(f"error: {err}") from None
+    report: dict[str, Any] = {"config": (args or [None])[0], "resource_plan": None, "throughput": None}
+    if resources is not None:
+        report["resource_plan"] = _jsonable(resources[0])
+    if resources_error is not None:
+        report["resource_plan_error"] = resources_error
+    console = _stdout()
+    if not as_json and resources is not None:
+        console.print(resources[1])
+    if not as_json and resources_error is not None:
+        console.print(
+            f"resource plan skipped: {resources_error}", style="yellow", highlight=False, markup=False
+        )
+    if costs is None:
+        report["note"] = NO_COSTS
+        if as_json:
+            typer.echo(json.dumps(report, indent=2))
+        else:
+            console.print(NO_COSTS, style="yellow", highlight=False)
+        return
+    try:
+        results, split = _simulate_all(
+            workload,
+            costs,
+            layout,
+            inputs,
+            mode,
+            colocated,
+            gpus,
+            {"steps": steps, "warmup_steps": warmup, "seed": seed},
+            stride,
+        )
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+    summary = summarize(workload, seed=seed)
+    ratio = (
+        results["async"].trajectories_per_s / results["sync"].trajectories_per_s
+        if {"sync", "async"} <= results.keys()
+        else None
+    )
+    report["throughput"] = {
+        "layout": dataclasses.asdict(layout),
+        "policy": dataclasses.asdict(inputs.policy),
+        "workload": {"description": workload.describe(), **dataclasses.asdict(summary)},
+        "costs": costs.to_json(),
+        "results": {name: r.to_dict() for name, r in results.items()},
+        "async_over_sync": ratio,
+        "best_split": None
+        if split is None
+        else {
+            "gpus": split.gpus,
+            "best": split.best.to_dict(series=False),
+            "colocated_sync": split.colocated_sync.to_dict(series=False),
+            "speedup": split.speedup,
+            "candidates": [r.to_dict(series=False) for r in split.candidates],
+        },
+    }
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    from sao.plan.report import costs_table, layout_table, results_table, split_table, workload_table
+
+    for table in (
+        layout_table(layout, inputs.policy),
+        workload_table(workload.describe(), summary),
+        costs_table(costs),
+        results_table(results),
+    ):
+        console.print(table)
+    if ratio is not None:
+        console.print(f"async / sync: {ratio:.2f}x trained trajectories per hour", highlight=False)
+    if split is not None:
+        console.print(split_table(split))
+        console.print(f"best split over colocated sync: {split.speedup:.2f}x", highlight=False)
+
+
+def _simulate_all(
+    workload: Workload,
+    costs: StageCosts,
+    layout: Layout,
+    inputs: ConfigInputs,
+    mode: str,
+    colocated: bool,
+    gpus: int | None,
+    run: dict[str, int],
+    stride: int,
+) -> tuple[dict[str, PlanResult], Any]:
+    policy = inputs.policy
+    results: dict[str, PlanResult] = {}
+    if mode in ("sync", "both"):
+        sync_layout = (
+            Layout.colocated_pool(gpus or int(layout.gpus), layout.gpus_per_engine, layout.gpus_per_trainer)
+            if colocated
+            else layout
+        )
+        results["sync"] = simulate(workload, costs, sync_layout, policy.with_mode("sync"), **run)
+    if mode in ("async", "both"):
+        results["async"] = simulate(workload, costs, layout, policy.with_mode("async"), **run)
+    split = None
+    if gpus is not None:
+        split = best_split(
+            workload,
+            costs,
+            policy,
+            gpus,
+            gpus_per_engine=layout.gpus_per_engine,
+            gpus_per_trainer=layout.gpus_per_trainer,
+            stride=stride,
+            **run,
+        )
+    return results, split
