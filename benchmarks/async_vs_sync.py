@@ -238,7 +238,7 @@ def main() -> None:
             out = Path(args.out)
             plot_occupancy(last, out / "occupancy.png")
             for arm, run_dir in last.items():
-                dest = out / "runs" / arm
+                dest = out / "logs" / arm
                 shutil.rmtree(dest, ignore_errors=True)
                 dest.mkdir(parents=True)
                 for name in ("metrics.jsonl", "episodes.jsonl", "timeline.jsonl", "config.yaml"):
@@ -285,7 +285,7 @@ def main() -> None:
         summary = {"workload": args.workload, "args": vars(args), "settings": w, "ratios": ratios,
                    "arms": results, "bound": bound_lines, "load": watch.report()}  # fmt: skip
         (Path(args.out) / "results.json").write_text(json.dumps(summary, indent=1))
-        print(f"wrote {args.out}/results.json, occupancy.png, runs/")
+        print(f"wrote {args.out}/results.json, occupancy.png, logs/")
     print(
         "reproduce: HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/async_vs_sync.py "
         f"--workload {args.workload} --arms {args.arms} --reps {args.reps} "

@@ -2,11 +2,11 @@
 `benchmarks/async_vs_sync.py` from stage constants fitted to the same runs.
 
 For each workload directory written by ``async_vs_sync.py --out DIR`` (``results.json`` with the measured
-trajectories/s per arm and repetition, and ``runs/<arm>/`` of its last repetition), it
+trajectories/s per arm and repetition, and ``logs/<arm>/`` of its last repetition), it
 
 1. takes each arm's stage constants from ``DIR/calibration_<arm>.json`` (written by ``sao plan
-   --calibrate DIR/runs/<arm> --out ...``: the engine model fitted to the arm's timeline, the trainer to its
-   step times), fitting them from ``runs/<arm>`` when the file is absent: the arms run the engine
+   --calibrate DIR/logs/<arm> --out ...``: the engine model fitted to the arm's timeline, the trainer to its
+   step times), fitting them from ``logs/<arm>`` when the file is absent: the arms run the engine
    differently (async: its own process and core; sync: in the trainer's process), so each mode is
    predicted with its own constants;
 2. takes the workload from the sync GRPO run's ``episodes.jsonl`` (every episode it started was trained,
@@ -33,10 +33,10 @@ from sao.plan import EmpiricalWorkload, StageCosts, calibrate, config_inputs, si
 def predict(results_dir: Path, seeds: int = 5) -> dict[str, Any]:
     """Predicted and measured trajectories/s per arm, and the async / sync GRPO ratios (see the docstring)."""
     measured = json.loads((results_dir / "results.json").read_text())
-    workload = EmpiricalWorkload.from_run_dir(results_dir / "runs" / "grpo")
+    workload = EmpiricalWorkload.from_run_dir(results_dir / "logs" / "grpo")
     out: dict[str, Any] = {"workload": measured["workload"], "arms": {}}
     for arm in ("async", "grpo"):
-        run_dir = results_dir / "runs" / arm
+        run_dir = results_dir / "logs" / arm
         cfg = load_config(run_dir / "config.yaml")
         inputs = config_inputs(cfg)
         stored = results_dir / f"calibration_{arm}.json"
