@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import torch
 
+from harness import LoadWatch
 from sao.algos import gae, length_adaptive_lambda, skip_observation_gae
 
 
@@ -85,6 +86,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed runs of ours (median reported)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    watch = LoadWatch()
 
     rewards, values, action_mask, cu = make_batch(args.trajectories, args.tokens, args.obs_frac, args.seed)
     counts = torch.stack([s.sum() for s in action_mask.split(args.tokens)])
@@ -127,6 +129,8 @@ def main() -> None:
     print(f"sao skip_observation_gae ({path}): {t_ours * 1e3:9.1f} ms  (median of {args.repeats})")
     print(f"sao blocked tensor scan (GPU path):     {t_scan * 1e3:9.1f} ms  (median of {args.repeats})")
     print(f"speed-up: {t_ref / t_ours:.0f}x (tensor scan: {t_ref / t_scan:.0f}x); all outputs agree to 1e-4")
+
+    print(watch.report())
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
+from harness import LoadWatch
 from sao.models.attention import enable_packed_attention
 from sao.models.forward import token_logprobs
 from sao.models.tiny import build_tiny_model
@@ -119,6 +120,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    watch = LoadWatch()
 
     device = torch.device(args.device)
     model = enable_packed_attention(build_tiny_model(args.arch, args.size, seed=args.seed)).to(device).train()
@@ -156,6 +158,8 @@ def main() -> None:
         print(f"{name:>12}: {throughput[name]:9.0f} useful tokens/s ({timing})  {memory}")
     ratio = throughput["packed"] / throughput["padded"]
     print(f"packed / padded throughput: {ratio:.2f}x (target >= 2x); max |log-prob difference| {diff:.1e}")
+
+    print(watch.report())
 
 
 if __name__ == "__main__":
