@@ -1,4 +1,4 @@
-"""The paper-scale configs (configs/paper/) load, keep SPEC.md's hyperparameters, and their resource plans
+"""The paper-scale configs (configs/paper/) load, keep the paper's hyperparameters, and their resource plans
 (`sao.plan.resources`) give the figures the files and docs/paper_configs.md promise."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ _SAO = {
 _MATH = {"data.env": "math_tir", "data.max_turns": 50, "data.max_total_tokens": 131072}
 _GRPO = {"algo.advantage": "grpo", "algo.group_size": 8, "trainer.batch_size": 128, "trainer.lr": 1e-6}
 _STYLE = {"data.env": "style_shift", "data.max_turns": 1, "trainer.batch_size": 128, "trainer.lr": 1e-6}
-# What each file promises (SPEC.md's values), by file stem: a new file needs an entry here.
+# What each file promises (the paper's values), by file stem: a new file needs an entry here.
 EXPECTED: dict[str, dict[str, Any]] = {
     "math_tir_sao": {**_SAO, **_MATH, "algo.eps_low": 0.3, "algo.eps_high": 5.0},
     "coding_agent_sao": {
