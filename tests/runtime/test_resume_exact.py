@@ -51,6 +51,10 @@ _TIMING = (
     "runtime/weight_push_s",
     "runtime/trainer_idle_frac",
     "runtime/engine_idle_frac",
+    "runtime/wait_s",  # seconds, and occupancy sampled at a moment: not training results
+    "runtime/train_s",
+    "runtime/in_flight",
+    "runtime/engine_running",
 )
 
 
