@@ -60,7 +60,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "env": ["data.env=long_tail", "data.env_kwargs={turns: episode}"],
     },
     "agentic": {
-        "steps": {"async": 120, "grpo": 10, "single": 10},
+        "steps": {"async": 120, "grpo": 12, "single": 12},
         "max_new_tokens": 8, "max_total_tokens": 1400, "max_turns": 50, "staleness": 4,
         "in_flight": 80, "size": "test",
         "env": ["data.env=tool_latency"],
