@@ -26,8 +26,8 @@ prints trained trajectories/s (median [range] over the repetitions), the first b
 the window, the steady trainer idle share (batch waits after the first / rest of the window), the engine's
 busy share, mean episodes in flight, mean sequences running in the engine, and the per-token lag.
 
-    python benchmarks/async_vs_sync.py --workload compute --reps 5          # ~9 min on 2 cores
-    python benchmarks/async_vs_sync.py --workload agentic --reps 5          # ~12 min
+    python benchmarks/async_vs_sync.py --workload compute --reps 5          # ~4 min on 2 cores
+    python benchmarks/async_vs_sync.py --workload agentic --reps 5          # ~20 min
     python benchmarks/async_vs_sync.py --workload agentic --reps 5 --out benchmarks/results/agentic
 """
 
