@@ -50,6 +50,7 @@ import torch
 
 from harness import LoadWatch, Spread, interleaved, ratio
 from sao.config import load_config
+from sao.jsonl import iter_jsonl
 from sao.runtime.runner import train_sync_entry
 
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -93,7 +94,7 @@ def overrides(args: argparse.Namespace, run_dir: Path, arm: str) -> list[str]:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return [record for _, record in iter_jsonl(path)]
 
 
 def measure(run_dir: Path) -> dict[str, Any]:

@@ -48,6 +48,7 @@ __all__ = [
     "MultiSink",
     "TensorBoardSink",
     "WandbSink",
+    "json_number",
     "make_sinks",
     "rewind_metrics",
     "scalar_metrics",
@@ -95,7 +96,8 @@ def scalar_metrics(metrics: Mapping[str, Any]) -> dict[str, int | float]:
     return out
 
 
-def _json_number(value: int | float) -> int | float | None:
+def json_number(value: int | float) -> int | float | None:
+    """``value`` as JSON can hold it: NaN as None (``null``), ±inf as ±1e308, others unchanged."""
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else (1e308 if value > 0 else -1e308)
     return value
@@ -110,7 +112,7 @@ class JsonlMetricsSink:
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
-        values = {k: _json_number(v) for k, v in scalar_metrics(metrics).items()}
+        values = {k: json_number(v) for k, v in scalar_metrics(metrics).items()}
         record = {"step": step, "time": time.time(), **values}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()

@@ -61,7 +61,8 @@ def test_the_timeline_samples_while_running_and_writes_the_end_state(tmp_path):
     state = {"n": 0}
 
     async def main() -> None:
-        async with Timeline(tmp_path, 0.01, lambda: {"in_flight": state["n"]}):
+        snapshot = lambda: {"in_flight": state["n"], "engine": {"latency": float("nan"), "busy_s": 1.5}}  # noqa: E731
+        async with Timeline(tmp_path, 0.01, snapshot):
             for i in range(5):
                 state["n"] = i
                 await asyncio.sleep(0.02)
@@ -71,3 +72,4 @@ def test_the_timeline_samples_while_running_and_writes_the_end_state(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "timeline.jsonl").read_text().splitlines()]
     assert len(rows) >= 4 and rows[0]["in_flight"] == 0 and rows[-1]["in_flight"] == 4
     assert [r["t"] for r in rows] == sorted(r["t"] for r in rows)
+    assert rows[-1]["engine"] == {"latency": None, "busy_s": 1.5}  # NaN (no update yet) is JSON null

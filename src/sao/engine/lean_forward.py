@@ -49,7 +49,6 @@ class LeanForward:
     backbone, inside an active `StepPlan` (see the module docstring)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
         backbone = model.model
         cfg = model.config
         self.embed = backbone.embed_tokens

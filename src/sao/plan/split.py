@@ -9,7 +9,7 @@ time-sharing all GPUs) is simulated beside it for comparison. ``stride`` thins t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .costs import StageCosts
 from .layout import Layout, Policy
@@ -64,12 +64,12 @@ def best_split(
 ) -> SplitReport:
     """Sweep the splits of ``gpus`` (module docstring)."""
     run = {"steps": steps, "warmup_steps": warmup_steps, "seed": seed}
-    asynchronous = replace(policy, mode="async")
+    asynchronous = policy.with_mode("async")
     results = [
         simulate(workload, costs, layout, asynchronous, **run)
         for layout in split_candidates(gpus, gpus_per_engine, gpus_per_trainer, stride)
     ]
     pool = Layout.colocated_pool(gpus, gpus_per_engine, gpus_per_trainer)
-    colocated = simulate(workload, costs, pool, replace(policy, mode="sync"), **run)
+    colocated = simulate(workload, costs, pool, policy.with_mode("sync"), **run)
     best = max(results, key=lambda r: r.trajectories_per_s)
     return SplitReport(gpus, results, best, colocated)

@@ -34,13 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sao.sinks import rewind_metrics
+from sao.sinks import json_number, rewind_metrics
 from sao.types import Trajectory
 
 from .observers import StepRecord
@@ -84,8 +83,8 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
         timing = timings[i] if i < len(timings) else {}
         turns.append({
             "gen_tokens": gen, "obs_tokens": obs,
-            "generate_s": float(timing.get("generate_s", math.nan)),
-            "env_s": float(timing.get("env_s", math.nan)),
+            "generate_s": _seconds(timing.get("generate_s")),
+            "env_s": _seconds(timing.get("env_s")),
         })  # fmt: skip
     versions = [v for v, a in zip(traj.versions, traj.action_mask, strict=True) if a and v >= 0]
     lags = [trained_version - v for v in versions]
@@ -106,8 +105,13 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
     }
 
 
+def _seconds(value: Any) -> float | None:
+    """A turn's timing in seconds, None when the agent loop recorded none."""
+    return None if value is None else float(value)
+
+
 def _json_line(record: dict[str, Any]) -> str:
-    return json.dumps(record, allow_nan=True).replace("NaN", "null") + "\n"
+    return json.dumps(record, allow_nan=False) + "\n"
 
 
 class EpisodeLog:
@@ -128,8 +132,9 @@ class EpisodeLog:
 class Timeline:
     """Samples ``snapshot()`` every ``every_s`` seconds into ``timeline.jsonl`` while running.
 
-    ``snapshot`` returns the record without ``t`` (the sampler adds it); it runs on the event loop, so it
-    must be cheap and must not block. Use as ``async with Timeline(...):`` around the training loop.
+    ``snapshot`` returns the record without ``t`` (the sampler adds it), its ``engine`` values numbers
+    (non-finite ones are written as JSON allows: `sao.sinks.json_number`); it runs on the event loop, so
+    it must be cheap and must not block. Use as ``async with Timeline(...):`` around the training loop.
     """
 
     def __init__(self, run_dir: Path, every_s: float, snapshot: Callable[[], dict[str, Any]]) -> None:
@@ -142,6 +147,8 @@ class Timeline:
 
     def _write(self) -> None:
         record = {"t": round(time.monotonic() - self._t0, 4), **self.snapshot()}
+        if "engine" in record:
+            record["engine"] = {k: json_number(v) for k, v in record["engine"].items()}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(_json_line(record))
 
