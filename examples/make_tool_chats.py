@@ -6,6 +6,7 @@ environment, so the warm start learns exactly the env's formats (``<tool_call>{"
 is competent but imperfect, as an RL starting point should be.
 
     python examples/make_tool_chats.py --n 200 --out runs/demo/chats.jsonl
+    python examples/make_tool_chats.py --n 200 --tools --out runs/demo/chats.jsonl   # schema in the prompt
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sao.envs import calculator
 from sao.envs.sft_data import calculator_conversations, write_jsonl
 
 
@@ -23,9 +25,15 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=200, help="number of conversations")
     parser.add_argument("--direct-frac", type=float, default=0.2, help="share answered without the tool")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--tools",
+        action="store_true",
+        help="show the calc tool's schema in every prompt (as an OpenAI-SDK agent's tools=[...] does)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    count = write_jsonl(calculator_conversations(args.n, args.seed, direct_frac=args.direct_frac), args.out)
+    conversations = calculator_conversations(args.n, args.seed, direct_frac=args.direct_frac)
+    count = write_jsonl(conversations, args.out, tools=[calculator.TOOL_SCHEMA] if args.tools else None)
     print(f"wrote {count} conversations to {args.out}")
 
 

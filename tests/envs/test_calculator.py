@@ -14,6 +14,7 @@ from sao.envs import make_env
 from sao.envs.base import Task
 from sao.envs.calculator import (
     OPTIMAL_SCORE,
+    TOOL_SCHEMA,
     CalcError,
     CalculatorEnv,
     answer_text,
@@ -203,5 +204,11 @@ def test_make_tool_chats_example_writes_env_format_jsonl(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(script), "--n", "20", "--out", str(out), "--seed", "5"])
     runpy.run_path(str(script), run_name="__main__")
     convs = load_chat_jsonl(out)
-    assert convs == calculator_conversations(20, seed=5)
+    assert [messages for messages, _ in convs] == calculator_conversations(20, seed=5)
+    assert all(tools is None for _, tools in convs)
     assert json.loads(out.read_text().splitlines()[0]).keys() == {"messages"}
+
+    with_tools = tmp_path / "chats_tools.jsonl"
+    monkeypatch.setattr(sys, "argv", [str(script), "--n", "3", "--out", str(with_tools), "--tools"])
+    runpy.run_path(str(script), run_name="__main__")
+    assert all(tools == [TOOL_SCHEMA] for _, tools in load_chat_jsonl(with_tools))

@@ -13,6 +13,9 @@ static/class method on the class); `make_env_tasks` asks it for them.
 
 Envs whose behaviour depends on where training stands may implement the optional
 ``set_training_progress(TrainingProgress)`` (see `Env`); `notify_training_progress` calls it when present.
+Envs that can grade a finished conversation they did not play themselves (an external agent's, sent to
+the gateway with its task id) implement the optional ``score(task, messages) -> float`` (see `Env`);
+`score_conversation` calls it, checks its input and result, and `has_scorer` says whether an env has one.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import inspect
+import math
+import numbers
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,12 +42,15 @@ __all__ = [
     "Task",
     "TaskSource",
     "TrainingProgress",
+    "has_scorer",
     "initial_messages",
     "load_env_class",
     "make_env",
     "make_env_tasks",
+    "message_text",
     "notify_training_progress",
     "register_env",
+    "score_conversation",
 ]
 
 Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": str, ...}
@@ -103,6 +112,17 @@ class Env(Protocol):
     fresh env right before ``reset`` of every training episode, with the progress at that moment, and of
     every episode of its held-out evaluations, with the progress when the evaluation started; `sao eval`
     never calls it, so an env must behave sensibly without it.
+
+    Optional method ``score(task: Task, messages: list[Message]) -> float`` (plain or ``async def``): the
+    outcome reward this env gives the finished conversation ``messages`` of ``task`` when it did not play
+    it itself (an external agent talking to the gateway asks sao to verify its episode instead of posting
+    its own reward). ``messages`` are OpenAI chat-format messages (``system``/``user``/``assistant``/
+    ``tool``), the last one the final assistant message; an assistant message may carry structured
+    ``tool_calls`` (``[{"id", "type": "function", "function": {"name", "arguments": "<json>"}}]``) with
+    ``content`` None, and ``tool`` messages carry the agent's own tool results in ``content``. It should
+    reward a conversation as ``step`` would have rewarded the same final turn, must not depend on (or
+    disturb) an episode in progress, and should return 0.0, not raise, for a conversation that is merely
+    wrong or malformed. Callers go through `score_conversation`, which checks the input and the result.
     """
 
     max_turns: int
@@ -139,6 +159,65 @@ def notify_training_progress(env: Any, progress: TrainingProgress) -> None:
     hook = getattr(env, "set_training_progress", None)
     if callable(hook):
         hook(progress)
+
+
+def has_scorer(env: Any) -> bool:
+    """Whether ``env`` implements the optional ``score(task, messages)`` method (see `Env`)."""
+    return callable(getattr(env, "score", None))
+
+
+def message_text(message: Message) -> str:
+    """The text of a chat message's ``content``: a string as is, None as ``""``, and a list of OpenAI
+    content parts as its ``text`` parts joined (other parts, e.g. images, are skipped)."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type", "text") == "text"
+        )
+    return str(content)
+
+
+def _env_label(env: Any) -> str:
+    name = getattr(env, "name", None)
+    return repr(name) if isinstance(name, str) and name else type(env).__name__
+
+
+async def score_conversation(env: Any, task: Task, messages: list[Message]) -> float:
+    """The outcome reward ``env`` gives the finished conversation ``messages`` of ``task``: its ``score``
+    method (see `Env`), awaited when it is a coroutine, as a float.
+
+    Raises `EnvError` when the env has no ``score`` method (the caller must then post an explicit reward),
+    when ``messages`` is not a non-empty list whose last message is an assistant message, and when the
+    score is not a finite real number (a bool is refused too). Errors raised by ``score`` itself propagate.
+    """
+    label = _env_label(env)
+    scorer = getattr(env, "score", None)
+    if not callable(scorer):
+        raise EnvError(
+            f"environment {label} has no score() method, so it cannot verify a conversation; "
+            "post an explicit reward instead"
+        )
+    if not isinstance(messages, list) or not messages:
+        raise EnvError("scoring needs a non-empty list of messages ending with the final assistant message")
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        role = last.get("role") if isinstance(last, dict) else type(last).__name__
+        raise EnvError(f"the last message of a scored conversation must be an assistant one, got {role!r}")
+    result = scorer(task, messages)
+    if inspect.isawaitable(result):
+        result = await result
+    if isinstance(result, bool) or not isinstance(result, numbers.Real):
+        raise EnvError(f"environment {label} score() returned {result!r}, not a real number")
+    value = float(result)
+    if not math.isfinite(value):
+        raise EnvError(f"environment {label} score() returned {value!r}, not a finite number")
+    return value
 
 
 TaskSource = Callable[[int, int], list[Task]]  # tasks(n, seed) -> n deterministic tasks

@@ -15,6 +15,14 @@ tool or a bad expression gets a ``tool`` message starting with ``error:``, and t
 while turns remain; an answer turn without any integer gets a ``user`` message ``error: reply answer:
 <number>``. The tool parses its tiny grammar itself (integers, ``+ - *``, parentheses; never ``eval``).
 Optimal score: 1.0 (`optimal_policy`: call the tool, then copy its result).
+
+Scoring a conversation the env did not play (`CalculatorEnv.score`, used through
+`sao.envs.base.score_conversation`, e.g. for an external agent's episode): the same rule on OpenAI
+chat-format messages — 1 when the final assistant message is an answer (no ``tool_calls``, no
+``<tool_call>``) whose last integer equals the true value **and** some ``tool`` message of the conversation
+holds exactly that integer (the agent's own tool result, e.g. ``444``, also accepted wrapped in one
+``<tool_response>...</tool_response>``), else 0. The turn budget is not applied (the agent bounds its own
+turns), and tool results are taken as the agent reports them.
 """
 
 from __future__ import annotations
@@ -24,23 +32,34 @@ import random
 import re
 from typing import Any
 
-from .base import Message, StepResult, Task, initial_messages, register_env
+from .base import Message, StepResult, Task, initial_messages, message_text, register_env
 from .tools import parse_tool_calls, tool_message
 
 __all__ = [
     "OPTIMAL_SCORE",
     "SYSTEM_PROMPT",
+    "TOOL_SCHEMA",
     "CalcError",
     "CalculatorEnv",
     "answer_text",
     "evaluate",
     "make_tasks",
     "optimal_policy",
+    "score_messages",
     "tool_call_text",
 ]
 
 OPTIMAL_SCORE = 1.0
 TOOL_NAME = "calc"
+# The calc tool as an OpenAI function schema (``tool_schema=True``; what an OpenAI-SDK agent passes as
+# ``tools``), kept minimal: with a byte-level tokenizer every byte of it is a prompt token.
+TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": TOOL_NAME,
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
 SYSTEM_PROMPT = (
     'Use the calc tool: <tool_call>{"name": "calc", "arguments": {"expr": "2*3"}}</tool_call>, '
     "then reply answer: <number>."
@@ -51,6 +70,7 @@ _INT = re.compile(r"-?\d+")
 _MAX_EXPR_CHARS = 64
 _MAX_DIGITS = 12
 _MAX_CALLS_PER_TURN = 4  # later calls of a turn are ignored
+_TOOL_RESPONSE = re.compile(r"\s*<tool_response>(.*)</tool_response>\s*", re.DOTALL)
 
 
 def tool_call_text(expr: str) -> str:
@@ -145,6 +165,35 @@ def make_tasks(n: int, seed: int = 0) -> list[Task]:
     return tasks
 
 
+def _as_int(text: str) -> int | None:
+    """``text`` as an integer, or None (also for integers too long for ``int``)."""
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _tool_result(message: Message) -> int | None:
+    """The integer a ``tool`` message holds (its whole content, optionally in ``<tool_response>``)."""
+    text = message_text(message)
+    wrapped = _TOOL_RESPONSE.fullmatch(text)
+    text = (wrapped.group(1) if wrapped else text).strip()
+    return _as_int(text) if _INT.fullmatch(text) else None
+
+
+def score_messages(task: Task, messages: list[Message]) -> float:
+    """The outcome reward of a finished OpenAI-format conversation (see the module docstring)."""
+    final = messages[-1] if isinstance(messages, list) and messages else None
+    if not isinstance(final, dict) or final.get("role") != "assistant" or final.get("tool_calls"):
+        return 0.0
+    text = message_text(final)
+    found = _INT.findall(text)
+    if "<tool_call>" in text or not found or _as_int(found[-1]) != task.answer:
+        return 0.0
+    results = [_tool_result(m) for m in messages[:-1] if isinstance(m, dict) and m.get("role") == "tool"]
+    return 1.0 if task.answer in results else 0.0
+
+
 def optimal_policy(task: Task, messages: list[Message]) -> str:
     """The next assistant turn of the optimal policy: call the tool, then answer with its last result."""
     results = [m["content"] for m in messages if m.get("role") == "tool" and _INT.fullmatch(m["content"])]
@@ -158,11 +207,16 @@ def optimal_policy(task: Task, messages: list[Message]) -> str:
 class CalculatorEnv:
     """See the module docstring. One episode at a time."""
 
-    def __init__(self, max_turns: int = 3, system_prompt: str | None = None) -> None:
+    def __init__(
+        self, max_turns: int = 3, system_prompt: str | None = None, tool_schema: bool = False
+    ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         self.max_turns = max_turns
         self.system_prompt = system_prompt
+        # With tool_schema the prompt carries the tool's schema, rendered by the chat template, exactly as
+        # for an OpenAI-SDK agent that sends ``tools=[TOOL_SCHEMA]`` through the gateway.
+        self.tools = [TOOL_SCHEMA] if tool_schema else None
         self._task: Task | None = None
         self._turns = 0
         self._done = True
@@ -192,6 +246,11 @@ class CalculatorEnv:
         info.update(answer=answer, correct=correct, used_tool=used_tool, tool_calls=len(self._tool_results))
         self._done = True
         return StepResult([], 1.0 if correct and used_tool else 0.0, True, info)
+
+    def score(self, task: Task, messages: list[Message]) -> float:
+        """The outcome reward of a conversation this env did not play (`score_messages`); the episode in
+        progress, if any, is not touched."""
+        return score_messages(task, messages)
 
     async def close(self) -> None:
         self._done = True

@@ -12,6 +12,12 @@ Formats (short: every byte is a token):
 within the budget, 0 otherwise; with ``shaping`` > 0 a correct guess on turn t earns
 ``max(0, 1 − shaping·(t − 1))`` instead (default 0: unshaped). Binary search needs at most
 ceil(log2(N + 1)) ≤ max_turns guesses, so `optimal_policy` always wins: optimal score 1.0.
+
+Scoring a conversation the env did not play (`GuessNumberEnv.score`, used through
+`sao.envs.base.score_conversation`, e.g. for an external agent's episode): the reward ``step`` gives a
+correct guess, applied to the final assistant message — 1 (shaped by the number t of assistant turns when
+``shaping`` > 0) when its last ``guess: <integer>`` is the secret ``task.answer`` and t is within the turn
+budget, else 0. The hints in the conversation are the agent's own; the reward does not depend on them.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import random
 import re
 from typing import Any
 
-from .base import Message, StepResult, Task, initial_messages, register_env
+from .base import Message, StepResult, Task, initial_messages, message_text, register_env
 
 __all__ = [
     "DEFAULT_MAX_NUMBER",
@@ -149,6 +155,25 @@ class GuessNumberEnv:
             info.update(solved=False, truncated=True)
             return StepResult([], 0.0, True, info)
         return StepResult([{"role": "user", "content": feedback}], 0.0, False, info)
+
+    def score(self, task: Task, messages: list[Message]) -> float:
+        """The outcome reward of a conversation this env did not play (see the module docstring); the
+        episode in progress, if any, is not touched."""
+        final = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(final, dict) or final.get("role") != "assistant":
+            return 0.0
+        turns = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
+        budget = self._fixed_turns or guess_budget(int(task.metadata.get("max_number", DEFAULT_MAX_NUMBER)))
+        found = _GUESS.findall(message_text(final))
+        if turns > budget or not found:
+            return 0.0
+        try:
+            guess = int(found[-1])
+        except ValueError:  # an integer too long for int()
+            return 0.0
+        if guess != int(task.answer):
+            return 0.0
+        return max(0.0, 1.0 - self.shaping * (turns - 1))
 
     async def close(self) -> None:
         self._done = True

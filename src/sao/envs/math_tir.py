@@ -14,6 +14,12 @@ turn. Each assistant turn is handled by the first rule that applies:
 The turn that reaches ``max_turns`` without a boxed answer ends the episode with reward 0
 (``info["max_turns"] = True``). A crashing, hanging or memory-hungry block is an observation, never an
 error of the env.
+
+Scoring a conversation the env did not play (`MathTIREnv.score`, used through
+`sao.envs.base.score_conversation`, e.g. for an external agent's episode): rule 1 applied to the final
+assistant message's content — 1 if it holds a ``\\boxed{...}`` answer that `verify_answer` accepts against
+``task.answer``, else 0 (no boxed answer, e.g. a final message that only calls a tool, scores 0). The code
+the agent ran and its tool results are not checked.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
+from sao.envs.base import Message, StepResult, Task, initial_messages, message_text, register_env
 from sao.envs.sandbox import require_sandbox, run_code
 from sao.envs.tools import extract_boxed, extract_python_blocks, tool_message
 from sao.envs.verify import verify_answer
@@ -97,6 +103,18 @@ class MathTIREnv:
             info.update(max_turns=True, correct=False)
             return StepResult([], reward=0.0, done=True, info=info)
         return StepResult(observation, info=info)
+
+    def score(self, task: Task, messages: list[Message]) -> float:
+        """The outcome reward of a conversation this env did not play: the final assistant message's
+        last boxed answer checked as ``step`` checks it (see the module docstring). No code is run and the
+        episode in progress, if any, is not touched."""
+        final = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(final, dict) or final.get("role") != "assistant":
+            return 0.0
+        answer = extract_boxed(message_text(final))
+        if answer is None:
+            return 0.0
+        return 1.0 if verify_answer(answer, task.answer) else 0.0
 
     async def close(self) -> None:
         self._task = None

@@ -24,6 +24,7 @@ import json
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from . import calculator, guess_number
 from .base import Env, Message, Task
@@ -61,7 +62,8 @@ def _play_all(env: Env, episodes: list[tuple[Task, Policy]]) -> list[list[Messag
 def calculator_conversations(
     n: int, seed: int = 0, direct_frac: float = 0.2, direct_wrong_frac: float = 0.5
 ) -> list[list[Message]]:
-    """``n`` calculator episodes on ``calculator.make_tasks(n, seed)``; see the module docstring."""
+    """``n`` calculator episodes on ``calculator.make_tasks(n, seed)``; see the module docstring. (The
+    messages do not depend on the tool schema; write them with ``tools=[calculator.TOOL_SCHEMA]`` for it.)"""
     rng = random.Random(f"sft-calculator-{seed}")
     episodes: list[tuple[Task, Policy]] = []
     for task in calculator.make_tasks(n, seed):
@@ -98,14 +100,18 @@ def guess_number_conversations(
     return _play_all(guess_number.GuessNumberEnv(), episodes)
 
 
-def write_jsonl(conversations: Iterable[list[Message]], path: str | Path) -> int:
-    """Write ``{"messages": [...]}`` lines; returns how many."""
+def write_jsonl(
+    conversations: Iterable[list[Message]], path: str | Path, tools: list[dict[str, Any]] | None = None
+) -> int:
+    """Write ``{"messages": [...]}`` lines (with ``"tools"``, the schemas the prompt shows, when given);
+    returns how many."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     count = 0
     with path.open("w", encoding="utf-8") as f:
         for messages in conversations:
-            f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+            row: dict[str, Any] = {"messages": messages, **({"tools": tools} if tools else {})}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
             count += 1
     return count
 

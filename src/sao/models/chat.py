@@ -35,14 +35,23 @@ class RenderedChat:
     turn_ids: list[int]
 
 
-def _render(tokenizer: Any, messages: Sequence[Mapping[str, Any]], generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    generation_prompt: bool,
+    tools: Sequence[Any] | None = None,
+) -> str:
     return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation_prompt
-    )
+        list(messages), tools=list(tools) if tools else None, tokenize=False,
+        add_generation_prompt=generation_prompt,
+    )  # fmt: skip
 
 
 def render_chat(
-    tokenizer: Any, messages: Sequence[Mapping[str, Any]], end_of_turn: str | None = None
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    end_of_turn: str | None = None,
+    tools: Sequence[Any] | None = None,
 ) -> RenderedChat:
     """Tokenise a conversation with masks; see the module docstring.
 
@@ -50,6 +59,8 @@ def render_chat(
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: ``[{"role": ..., "content": ...}, ...]`` with at least one assistant message.
         end_of_turn: the token text that ends an assistant turn (default: ``tokenizer.eos_token``).
+        tools: OpenAI-style tool schemas the template renders into the prompt (as a gateway request's
+            ``tools`` or an env's ``tools`` attribute are).
     """
     eot = end_of_turn or tokenizer.eos_token
     if not eot:
@@ -87,8 +98,8 @@ def render_chat(
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
-        extend_to(_render(tokenizer, messages[:i], generation_prompt=True), i, action=0)
-        full = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        extend_to(_render(tokenizer, messages[:i], True, tools), i, action=0)
+        full = _render(tokenizer, messages[: i + 1], False, tools)
         if not full.startswith(rendered):
             raise ChatTemplateError(f"chat template rewrites the generation prompt of assistant message {i}")
         completion = full[len(rendered) :]
@@ -98,7 +109,7 @@ def render_chat(
         turn += 1
         append(completion[: cut + len(eot)], 1)
         append(completion[cut + len(eot) :], 0)
-    extend_to(_render(tokenizer, messages, generation_prompt=False), len(messages) - 1, action=0)
+    extend_to(_render(tokenizer, messages, False, tools), len(messages) - 1, action=0)
     return RenderedChat(ids, mask, turns)
 
 

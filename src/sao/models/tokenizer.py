@@ -6,8 +6,11 @@ bytes, so any text prefix is a token prefix (until a special token straddles the
 tokenizer is deterministic: identical on every run and machine.
 
 The chat template follows Qwen3's turn format (``<|im_start|>role\\n…<|im_end|>\\n``, tools in the system
-turn, tool calls as ``<tool_call>`` JSON, tool results as user turns wrapped in ``<tool_response>``) with two
-deliberate differences that make rendering *prefix-stable* — the rendering of ``messages[:k]`` is a prefix
+turn, tool calls as ``<tool_call>`` JSON, tool results as user turns wrapped in ``<tool_response>``). The
+tools block is only the signatures (``# Tools`` and one JSON line per tool inside ``<tools>``), without
+Qwen3's English instructions on how to call them: with a byte-level tokenizer every byte is a prompt token,
+and the tiny models learn the call format from their warm start. Two deliberate differences make
+rendering *prefix-stable* — the rendering of ``messages[:k]`` is a prefix
 of the rendering of ``messages[:k+1]`` — which RL's token-in/token-out bookkeeping needs:
 earlier ``reasoning_content`` is never stripped, and each tool message is its own user turn (Qwen3 merges
 consecutive tool results into one turn, which rewrites the previous turn's end).
@@ -50,12 +53,9 @@ CHAT_TEMPLATE = """\
 {%- if tools -%}
   {{- '<|im_start|>system\\n' -}}
   {%- if system_text is not none -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
-  {{- '# Tools\\n\\nYou may call one or more functions. '
-      'Their signatures are inside <tools></tools>:\\n<tools>' -}}
+  {{- '# Tools\\n<tools>' -}}
   {%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-  {{- '\\n</tools>\\n\\nTo call a function, return a JSON object with its name and arguments inside '
-      '<tool_call></tool_call> tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
-      '<args-json-object>}\\n</tool_call><|im_end|>\\n' -}}
+  {{- '\\n</tools><|im_end|>\\n' -}}
 {%- elif system_text is not none -%}
   {{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' -}}
 {%- endif -%}

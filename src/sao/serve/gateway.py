@@ -5,13 +5,16 @@ its session (``X-Session-Id`` header, or a ``session_id`` field in the body, e.g
 ``extra_body``), the gateway records the session token-in/token-out (`sao.serve.sessions`), and
 ``POST /v1/sessions/{id}/reward`` attaches the outcome, closes the session and emits its trajectories.
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions``,
+Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/messages`` (the Anthropic
+Messages API on the same recorder, `sao.serve.anthropic_api`), ``POST /v1/completions``,
 ``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``, ``GET /v1/stats``. Responses follow the OpenAI
 schema and add ``token_ids``, ``versions`` and per-token log-probs (request and response shapes:
 `sao.serve.openai_api`). Malformed requests get a 4xx with a reason and record nothing. Resources are
 bounded (`sao.serve.limits`, `sao.serve.registry`): open sessions (429), idle sessions (dropped as
 abandoned, never emitted), body size (413), requests in flight (503), the context (``max_tokens`` capped,
-a full prompt 400); 429 and 503 carry ``Retry-After``.
+a full prompt 400); 429 and 503 carry ``Retry-After``. A training run passes its `SessionHooks`
+(admission under the staleness rule, the trainer's queue), `SessionRules` (token budget, turn limit, fixed
+sampling) and a verifier (`sao.serve.hooks`); the per-session logic is `sao.serve.turns`.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from sao.engine.types import (
 )
 from sao.types import Trajectory
 
+from .anthropic_api import AnthropicRequestError, MessagesRequest, to_chat_request, to_messages_response
+from .hooks import RecordingHooks, SessionHooks, SessionRules, Verifier
 from .limits import (
     BodySizeLimit,
     GatewayLimits,
@@ -54,11 +59,13 @@ from .openai_api import (
     CompletionRequest,
     RewardRequest,
     logprobs_content,
+    normalize_messages,
     sampling_params,
     split_tool_calls,
 )
-from .registry import SessionEntry, SessionRegistry
+from .registry import SessionRegistry
 from .sessions import ChatSession
+from .turns import SessionTurns
 
 __all__ = ["create_app"]
 
@@ -82,14 +89,17 @@ def create_app(
     max_pending: int = GatewayLimits.max_pending,
     retry_after_s: int = GatewayLimits.retry_after_s,
     max_context_tokens: int | None = GatewayLimits.max_context_tokens,
+    hooks: SessionHooks | None = None,
+    rules: SessionRules | None = None,
+    verifier: Verifier | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
     Args:
-        engine: any `InferenceEngine` (LocalEngine, vLLM, SGLang).
+        engine: any `InferenceEngine` (LocalEngine, vLLM, SGLang, a Ray engine pool).
         tokenizer: the model's tokenizer (chat template, decoding).
         default_max_tokens: ``max_tokens`` of a request that gives none (capped by the context like any).
-        on_trajectory: called with each finished trajectory (e.g. a trainer queue's ``put_nowait``).
+        on_trajectory: called with each finished trajectory (``sao serve``; ignored when ``hooks`` is given).
         output_path: also append finished trajectories to this JSONL file.
         own_engine: close the engine (and a server it launched) when the app shuts down.
         max_sessions: open sessions at most; a new one beyond gets 429 with ``Retry-After``.
@@ -100,6 +110,9 @@ def create_app(
         retry_after_s: the ``Retry-After`` seconds of 429 and 503 answers.
         max_context_tokens: prompt + generated tokens of one request (default: the engine's context
             limit); ``max_tokens`` is capped by what the prompt leaves, a prompt filling it gets 400.
+        hooks: admission and the destination of closed sessions (default: admit all, ``on_trajectory``).
+        rules: what recorded sessions must respect (default: nothing beyond the limits).
+        verifier: scores a session whose reward request names only a task (default: none).
 
     Raises ValueError for an invalid limit.
     """
@@ -111,17 +124,49 @@ def create_app(
         retry_after_s=retry_after_s,
         max_context_tokens=max_context_tokens,
     )
+    rules = rules or SessionRules()
     known = [c for c in (limits.max_context_tokens, engine_context_limit(engine)) if c is not None]
     context = min(known) if known else None
+    gate = PendingGate(limits.max_pending, limits.retry_after_s)
+    counts = {"trajectories": 0, "rejected_too_large": 0}
+    finished: deque[Trajectory] = deque(maxlen=_KEEP_FINISHED)
+    eos = [
+        t
+        for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        if isinstance(t, int)
+    ]
+
+    async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
+        max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)
+        try:
+            gen = await engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=max_new))
+        except InvalidRequestError as err:
+            raise HTTPException(400, str(err)) from None
+        except EngineCrashedError as err:  # a supervised engine is restarting: try again shortly
+            retry = {"Retry-After": str(limits.retry_after_s)}
+            raise HTTPException(503, f"the engine is restarting: {err}", headers=retry) from None
+        if gen.finish_reason == "error":
+            raise HTTPException(500, f"generation failed: {gen.error}")
+        return gen
+
+    def _emit(trajs: list[Trajectory]) -> None:
+        finished.extend(trajs)
+        counts["trajectories"] += len(trajs)
+        if output_path is not None:
+            _append_jsonl(Path(output_path), trajs)
+
+    turns: SessionTurns
     registry = SessionRegistry(
         lambda sid: ChatSession(tokenizer, sid),
         max_sessions=limits.max_sessions,
         idle_timeout_s=limits.session_idle_timeout_s,
         retry_after_s=limits.retry_after_s,
+        on_abandoned=lambda entry: turns.abandoned(entry),
+        on_discard=lambda entry: turns.discard(entry),
     )
-    gate = PendingGate(limits.max_pending, limits.retry_after_s)
-    counts = {"trajectories": 0, "rejected_too_large": 0}
-    finished: deque[Trajectory] = deque(maxlen=_KEEP_FINISHED)
+    turns = SessionTurns(
+        registry, gate, _generate, hooks or RecordingHooks(on_trajectory), rules, verifier, _emit, model_name
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -142,11 +187,6 @@ def create_app(
         on_reject=lambda: counts.__setitem__("rejected_too_large", counts["rejected_too_large"] + 1),
     )
     app.state.registry, app.state.finished, app.state.limits = registry, finished, limits
-    eos = [
-        t
-        for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        if isinstance(t, int)
-    ]
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -162,19 +202,6 @@ def create_app(
         body = error_body(exc.reason, exc.kind)
         return JSONResponse(status_code=exc.status, content=body, headers=exc.headers)
 
-    async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
-        max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)
-        try:
-            gen = await engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=max_new))
-        except InvalidRequestError as err:
-            raise HTTPException(400, str(err)) from None
-        except EngineCrashedError as err:  # a supervised engine is restarting: try again shortly
-            retry = {"Retry-After": str(limits.retry_after_s)}
-            raise HTTPException(503, f"the engine is restarting: {err}", headers=retry) from None
-        if gen.finish_reason == "error":
-            raise HTTPException(500, f"generation failed: {gen.error}")
-        return gen
-
     def _usage(prompt: int, gen: Generation) -> dict[str, int]:
         return {
             "prompt_tokens": prompt,
@@ -187,54 +214,46 @@ def create_app(
         data = {"id": model_name, "object": "model", "owned_by": "sao", "max_model_len": context}
         return {"object": "list", "data": [data]}
 
-    async def _chat_turn(
-        entry: SessionEntry,
-        named: str | None,
-        messages: list[dict[str, Any]],
-        req: ChatRequest,
-        params: SamplingParams,
-    ) -> tuple[list[int], Generation, str]:
-        """Plan, generate, then record (only on success): a failed request leaves the session as it was."""
-        async with entry.lock:
-            if named is not None and registry.get(named) is not entry:
-                raise HTTPException(409, f"session {named!r} was closed (rewarded) while this request waited")
-            session = entry.session
-            try:
-                plan = session.plan(messages, req.tools)
-            except Exception as err:  # the template rejected the conversation: the client's input
-                raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
-            prompt_ids = list(plan.prompt_ids)
-            gen = await _generate(prompt_ids, params)
-            session.commit(plan)
-            text = session.record_generation(gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason)
-        return prompt_ids, gen, text
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: ChatRequest, x_session_id: str | None = Header(None)) -> dict[str, Any]:
-        params = sampling_params(req, req.max_completion_tokens or req.max_tokens, default_max_tokens, eos)
-        named = x_session_id or req.session_id
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        registry.sweep()
-        with gate.slot():
-            if named is None:  # unnamed requests (e.g. a judge) are served but not recorded
-                anonymous = SessionEntry(ChatSession(tokenizer, f"anon-{uuid.uuid4().hex}"))
-                prompt_ids, gen, text = await _chat_turn(anonymous, None, messages, req, params)
-            else:
-                entry = registry.open(named)
-                try:
-                    prompt_ids, gen, text = await _chat_turn(entry, named, messages, req, params)
-                finally:
-                    registry.release(entry)
+    def _reply(text: str, gen: Generation, with_tools: bool) -> dict[str, Any]:
+        """The assistant message of a generation: eos stripped, tool calls split off when tools were given."""
         eos_text = tokenizer.eos_token or ""
         visible = text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
-        content, tool_calls = split_tool_calls(visible) if req.tools else (visible, None)
+        content, tool_calls = split_tool_calls(visible) if with_tools else (visible, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        finish = (
-            "tool_calls" if tool_calls else ("stop" if gen.finish_reason == "stop" else gen.finish_reason)
-        )
-        return {
+        return message
+
+    async def _chat(req: ChatRequest, named: str | None, group_id: str | None, task_id: str | None) -> dict:
+        messages = normalize_messages(req.messages)
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        replies: list[dict[str, Any]] = []
+
+        def reply(text: str, gen: Generation) -> dict[str, Any]:
+            replies.append(_reply(text, gen, bool(req.tools)))
+            return replies[-1]
+
+        closed = None
+        if named is None:  # unnamed requests (e.g. a judge) are served but not recorded, under no rules
+            params = sampling_params(req, max_tokens, default_max_tokens, eos)
+            session = ChatSession(tokenizer, f"anon-{uuid.uuid4().hex}")
+            try:
+                prompt_ids = list(session.plan(messages, req.tools).prompt_ids)
+            except Exception as err:  # the template rejected the conversation: the client's input
+                raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
+            with gate.slot():
+                gen = await _generate(prompt_ids, params)
+            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
+            reply(text, gen)
+        else:
+            params = sampling_params(req, max_tokens, default_max_tokens, eos, rules)
+            result = await turns.chat(
+                named, messages, req.tools, params, group_id=group_id, task_id=task_id, reply=reply
+            )
+            prompt_ids, gen, closed = result.prompt_ids, result.gen, result.closed
+        message = replies[-1]
+        finish = "tool_calls" if message.get("tool_calls") else gen.finish_reason
+        out: dict[str, Any] = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
@@ -253,6 +272,34 @@ def create_app(
             "prompt_token_ids": prompt_ids,
             "usage": _usage(len(prompt_ids), gen),
         }
+        if closed is not None:
+            out["session_closed"] = closed
+        return out
+
+    @app.post("/v1/chat/completions")
+    async def chat(
+        req: ChatRequest,
+        x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
+        x_task_id: str | None = Header(None),
+    ) -> dict[str, Any]:
+        named = x_session_id or req.session_id
+        return await _chat(req, named, x_group_id or req.group_id, x_task_id or req.task_id)
+
+    @app.post("/v1/messages")
+    async def messages(
+        req: MessagesRequest,
+        x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
+        x_task_id: str | None = Header(None),
+    ) -> dict[str, Any]:
+        try:
+            chat_req = to_chat_request(req)
+        except AnthropicRequestError as err:
+            raise HTTPException(400, str(err)) from None
+        named = x_session_id or chat_req.session_id
+        out = await _chat(chat_req, named, x_group_id or chat_req.group_id, x_task_id or chat_req.task_id)
+        return to_messages_response(out)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest) -> dict[str, Any]:
@@ -289,34 +336,12 @@ def create_app(
 
     @app.post("/v1/sessions/{session_id}/reward")
     async def reward(session_id: str, req: RewardRequest) -> dict[str, Any]:
-        if (req.reward is None) == (req.rewards is None):
-            raise HTTPException(400, "give exactly one of 'reward' (outcome) and 'rewards' (per turn)")
-        registry.sweep()
-        entry = registry.get(session_id)
-        if entry is None:
-            if registry.was_abandoned(session_id):
-                raise HTTPException(
-                    404,
-                    f"session {session_id!r} was closed as abandoned after "
-                    f"{limits.session_idle_timeout_s:g} s idle; its turns were dropped, not emitted",
-                )
-            raise HTTPException(404, f"unknown or already closed session {session_id!r}")
-        registry.hold(entry)
-        try:
-            async with entry.lock:
-                if not registry.pop(entry):
-                    raise HTTPException(404, f"session {session_id!r} was closed while this reward waited")
-            rewards = [req.reward] if req.reward is not None else list(req.rewards or [])
-            try:
-                trajs = entry.session.trajectories(rewards, {"model": model_name, **req.metadata})
-                for traj in trajs:
-                    traj.validate()
-            except ValueError as err:
-                registry.restore(entry)  # keep it: the client can retry with a valid reward
-                raise HTTPException(400, f"cannot close session {session_id!r}: {err}") from None
-        finally:
-            registry.release(entry)
-        _emit(trajs)
+        if req.reward is not None and req.rewards is not None:
+            raise HTTPException(400, "give at most one of 'reward' (outcome) and 'rewards' (per turn)")
+        given = [req.reward] if req.reward is not None else req.rewards
+        trajs = await turns.reward(
+            session_id, given, req.task_id, req.metadata, limits.session_idle_timeout_s
+        )
         return {
             "session_id": session_id,
             "trajectories": [
@@ -325,19 +350,11 @@ def create_app(
                     "num_tokens": t.num_tokens,
                     "num_turns": t.num_turns,
                     "prefix_mismatch": t.metadata["prefix_mismatch"],
+                    "rewards": t.rewards,
                 }
                 for t in trajs
             ],
         }
-
-    def _emit(trajs: list[Trajectory]) -> None:
-        finished.extend(trajs)
-        counts["trajectories"] += len(trajs)
-        if output_path is not None:
-            _append_jsonl(Path(output_path), trajs)
-        for traj in trajs:
-            if on_trajectory is not None:
-                on_trajectory(traj)
 
     @app.get("/v1/sessions")
     async def list_sessions() -> dict[str, Any]:
@@ -361,6 +378,8 @@ def create_app(
                 "retry_after_s": limits.retry_after_s,
                 "max_context_tokens": context,
                 "default_max_tokens": default_max_tokens,
+                "max_session_tokens": rules.max_session_tokens,
+                "max_turns": rules.max_turns,
             },
         }
 

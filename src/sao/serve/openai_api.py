@@ -1,6 +1,8 @@
 """The OpenAI side of the gateway: request bodies (pydantic models that accept the fields OpenAI clients
-send and ignore the ones sao does not use), sampling parameters from a request, and the response pieces
-sao builds (per-token log-probs, Qwen/Hermes tool calls as OpenAI ``tool_calls``)."""
+send and ignore the ones sao does not use), the checks and normal form of a conversation
+(`normalize_messages`: text content parts joined, tool calls and tool results checked), sampling
+parameters from a request, and the response pieces sao builds (per-token log-probs, Qwen/Hermes tool calls
+as OpenAI ``tool_calls``)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sao.engine.types import Generation, InvalidRequestError, SamplingParams
 
-__all__ = ["ChatRequest", "CompletionRequest", "RewardRequest", "logprobs_content", "sampling_params",
-           "split_tool_calls"]  # fmt: skip
+from .hooks import SessionRules
+
+__all__ = ["ChatRequest", "CompletionRequest", "RewardRequest", "logprobs_content", "normalize_messages",
+           "sampling_params", "split_tool_calls"]  # fmt: skip
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -23,7 +27,7 @@ _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 class _Message(BaseModel):
     model_config = ConfigDict(extra="allow")
     role: str
-    content: str | None = None
+    content: str | list[Any] | None = None
 
 
 class _Common(BaseModel):
@@ -38,6 +42,8 @@ class _Common(BaseModel):
     n: int = 1
     stream: bool = False
     session_id: str | None = None
+    group_id: str | None = None  # sessions of one GRPO-style group (first request of a session)
+    task_id: str | None = None  # the task the session plays, for a verifier reward
 
 
 class ChatRequest(_Common):
@@ -51,25 +57,123 @@ class CompletionRequest(_Common):
 
 
 class RewardRequest(BaseModel):
+    """``reward`` (the outcome) or ``rewards`` (one per turn); with neither, the run's verifier scores the
+    conversation of task ``task_id`` (given here or by the session's requests)."""
+
     model_config = ConfigDict(extra="forbid")
-    reward: float | None = None
+    reward: float | None = Field(None, allow_inf_nan=False)
     rewards: list[float] | None = None
+    task_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def _text(content: Any, where: str) -> str | None:
+    """Message content as text: a string, or a list of text parts (joined); other parts are refused."""
+    if content is None or isinstance(content, str):
+        return content
+    parts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise HTTPException(400, f"{where}.content.{i}: only text parts are supported, not {kind!r}")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise HTTPException(400, f"{where}.tool_calls: must be a list, got {type(calls).__name__}")
+    out = []
+    for i, call in enumerate(calls):
+        at = f"{where}.tool_calls.{i}"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise HTTPException(400, f"{at}: must be {{'type': 'function', 'function': {{'name': ...}}}}")
+        args = fn.get("arguments", "{}")
+        parsed = args
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except json.JSONDecodeError as err:
+                why = f"{at}.function.arguments: not valid JSON ({err.msg}): {args[:200]!r}"
+                raise HTTPException(400, why) from None
+        if not isinstance(parsed, dict):
+            raise HTTPException(400, f"{at}.function.arguments: must be a JSON object: {str(args)[:200]!r}")
+        out.append({**call, "function": {**fn, "arguments": args}})
+    return out
+
+
+def normalize_messages(messages: list[_Message]) -> list[dict[str, Any]]:
+    """The request's conversation as plain dicts: roles checked, text parts joined, assistant
+    ``tool_calls`` well formed (a function name, arguments a JSON object) and every tool message's
+    ``tool_call_id`` (when given) one of an earlier assistant message's calls. Raises HTTPException(400)
+    naming the message (``messages.3.tool_calls.0.function.arguments: ...``)."""
+    out: list[dict[str, Any]] = []
+    call_ids: set[str] = set()
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        m = message.model_dump(exclude_none=True)
+        if m["role"] not in _ROLES:
+            raise HTTPException(400, f"{where}.role: must be one of {', '.join(_ROLES)}, got {m['role']!r}")
+        if "content" in m:
+            m["content"] = _text(m["content"], where)
+        if m["role"] == "assistant" and m.get("tool_calls") is not None:
+            m["tool_calls"] = _check_tool_calls(m["tool_calls"], where)
+            call_ids.update(str(c["id"]) for c in m["tool_calls"] if c.get("id") is not None)
+        elif "tool_calls" in m:
+            raise HTTPException(400, f"{where}.tool_calls: only assistant messages carry tool calls")
+        if m["role"] == "tool":
+            if not isinstance(m.get("content"), str):
+                raise HTTPException(400, f"{where}.content: a tool message needs its result as text")
+            ref = m.get("tool_call_id")
+            if ref is not None and str(ref) not in call_ids:
+                raise HTTPException(
+                    400, f"{where}.tool_call_id: {ref!r} answers no tool call of an earlier assistant message"
+                )
+        out.append(m)
+    return out
+
+
 def sampling_params(
-    req: _Common, max_tokens: int | None, default_max_tokens: int, eos: list[int]
+    req: _Common,
+    max_tokens: int | None,
+    default_max_tokens: int,
+    eos: list[int],
+    rules: SessionRules | None = None,
 ) -> SamplingParams:
+    """The engine's sampling parameters for a request. With ``rules`` (a recorded session of a training
+    run): its fixed temperature/top-p/top-k replace the ones the request omits, a different value given is
+    refused (400), and ``max_tokens`` is capped by ``rules.max_tokens_per_turn``."""
     if req.n != 1:
         raise HTTPException(400, "only n=1 is supported")
     if req.stream:
         raise HTTPException(400, "streaming is not supported; send stream=false")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    sampling = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
+    new_tokens = max_tokens or default_max_tokens
+    if rules is not None:
+        for name in sampling:
+            fixed = getattr(rules, name)
+            if fixed is None:
+                continue
+            if name in req.model_fields_set and sampling[name] != fixed:
+                raise HTTPException(
+                    400,
+                    f"{name}={sampling[name]!r}: this run records sessions at {name}={fixed!r} "
+                    f"(engine.{name}: the trainer scores the distribution the engine samples from); omit "
+                    "it or send that value",
+                )
+            sampling[name] = fixed
+        if rules.max_tokens_per_turn is not None:
+            new_tokens = min(new_tokens, rules.max_tokens_per_turn)
     params = SamplingParams(
-        max_new_tokens=max_tokens or default_max_tokens,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
+        max_new_tokens=new_tokens,
+        temperature=sampling["temperature"],
+        top_p=sampling["top_p"],
+        top_k=sampling["top_k"],
         stop_token_ids=tuple(eos),
         stop=stop,
         seed=req.seed,

@@ -9,7 +9,12 @@ Guarantees (one event loop; nothing here blocks):
   last request) is removed by the next `sweep` and counted in ``abandoned``: it got no reward, so it is
   never turned into trajectories (a made-up reward would train on it; dropping it is the only safe choice);
 - a session whose every request failed before anything was recorded is removed on release (a bad first
-  request does not hold a slot, and is not counted as abandoned).
+  request does not hold a slot, and is not counted as abandoned);
+- a session closed by the gateway itself (``truncated`` by the token budget) is remembered (the latest
+  4096): a later request with its id gets 409 instead of silently starting a new session.
+
+Callbacks tell the owner of the sessions' admission (a training run) what happened: ``on_abandoned`` and
+``on_discard`` (removed before anything was recorded) with the entry.
 
 Owns: which sessions are open and their locks. Does not own: HTTP, recording, rewards.
 """
@@ -41,6 +46,7 @@ class SessionEntry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     busy: int = 0
     last_active: float = 0.0
+    admission: asyncio.Future[None] | None = None  # the first request's admission (SessionHooks.admit)
 
 
 class SessionRegistry:
@@ -62,8 +68,12 @@ class SessionRegistry:
         idle_timeout_s: float,
         retry_after_s: int,
         clock: Callable[[], float] = time.monotonic,
+        on_abandoned: Callable[[SessionEntry], None] | None = None,
+        on_discard: Callable[[SessionEntry], None] | None = None,
     ) -> None:
         self._make = make_session
+        self._on_abandoned, self._on_discard = on_abandoned, on_discard
+        self._closed_why: OrderedDict[str, str] = OrderedDict()
         self.max_sessions = max_sessions
         self.idle_timeout_s = idle_timeout_s
         self.retry_after_s = retry_after_s
@@ -72,7 +82,8 @@ class SessionRegistry:
         self._abandoned_ids: OrderedDict[str, None] = OrderedDict()
         self.abandoned = 0  # sessions closed by the idle timeout
         self.rejected = 0  # new sessions refused by max_sessions
-        self.closed = 0  # sessions closed by a reward
+        self.closed = 0  # sessions closed by a reward or by the gateway (truncated)
+        self.truncated = 0  # of those, closed as truncated by the token budget
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -96,6 +107,11 @@ class SessionRegistry:
         `LimitExceededError` (429) for a new session when ``max_sessions`` are open after a sweep."""
         entry = self._entries.get(session_id)
         if entry is None:
+            why = self._closed_why.get(session_id)
+            if why is not None:
+                raise LimitExceededError(
+                    409, f"session {session_id!r} was closed: {why}; start a new session id", "session_closed"
+                )
             if len(self._entries) >= self.max_sessions:
                 self.sweep()
             if len(self._entries) >= self.max_sessions:
@@ -126,6 +142,8 @@ class SessionRegistry:
             return  # closed meanwhile (a reward)
         if entry.busy == 0 and not entry.session.branches:
             del self._entries[sid]
+            if self._on_discard is not None:
+                self._on_discard(entry)
         else:
             self._entries.move_to_end(sid)
 
@@ -137,6 +155,21 @@ class SessionRegistry:
         del self._entries[sid]
         self.closed += 1
         return True
+
+    def close(self, entry: SessionEntry, why: str) -> bool:
+        """Close ``entry``'s session on the gateway's own account (``why``, e.g. truncated): later requests
+        with its id get 409 saying so. False if it was no longer open."""
+        if not self.pop(entry):
+            return False
+        self._closed_why[entry.session.session_id] = why
+        self.truncated += 1
+        if len(self._closed_why) > _REMEMBER_ABANDONED:
+            self._closed_why.popitem(last=False)
+        return True
+
+    def closed_why(self, session_id: str) -> str | None:
+        """Why the gateway closed ``session_id`` itself (`close`), or None."""
+        return self._closed_why.get(session_id)
 
     def restore(self, entry: SessionEntry) -> None:
         """Reopen a session whose closing failed (an invalid reward), as it was."""
@@ -154,7 +187,9 @@ class SessionRegistry:
             if entry.busy == 0:
                 expired.append(sid)
         for sid in expired:
-            del self._entries[sid]
+            entry = self._entries.pop(sid)
+            if self._on_abandoned is not None:
+                self._on_abandoned(entry)
             self._abandoned_ids[sid] = None
             if len(self._abandoned_ids) > _REMEMBER_ABANDONED:
                 self._abandoned_ids.popitem(last=False)
@@ -167,6 +202,7 @@ class SessionRegistry:
             "max_sessions": self.max_sessions,
             "idle_timeout_s": self.idle_timeout_s,
             "closed": self.closed,
+            "truncated": self.truncated,
             "abandoned": self.abandoned,
             "rejected": self.rejected,
         }

@@ -11,18 +11,44 @@ configuration error. `ChatSession.plan` computes a request's prompt without reco
 `ChatSession.commit` records it: the gateway commits only once generation succeeded, so a failed request
 leaves its session as it was.
 
+Echoed replies. An OpenAI client sends the assistant's replies back as it got them — text with the tool
+calls split off into structured ``tool_calls`` — and a chat template renders those differently from what
+was generated (other whitespace, other JSON spacing). `ChatSession.note_reply` remembers each reply as
+returned; `plan` replaces an assistant message that equals the next remembered reply of the branch (same
+content, same tool names and arguments) by the text actually generated, so the rendering extends the
+recorded tokens and no branch is opened. An assistant message the client changed is rendered as sent.
+
 Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sao.types import Trajectory
 
-__all__ = ["Branch", "ChatSession", "PrefixMismatchError", "PromptPlan"]
+__all__ = ["Branch", "ChatSession", "PrefixMismatchError", "PromptPlan", "reply_signature"]
+
+
+def reply_signature(message: Mapping[str, Any]) -> str | None:
+    """A key equal for two assistant messages with the same content and the same tool calls (name and
+    parsed arguments; call ids and JSON spacing ignored); None if a call's arguments are not JSON."""
+    calls = []
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function", call) if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping):
+            return None
+        args = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError:
+                return None
+        calls.append([fn.get("name"), args])
+    return json.dumps([message.get("content") or "", calls], sort_keys=True)
 
 
 class PrefixMismatchError(ValueError):
@@ -57,6 +83,7 @@ class Branch:
     turns: int = 0
     finish_reason: str = "stop"
     prefix_mismatch: bool = False
+    replies: list[tuple[str | None, str]] = field(default_factory=list)  # (reply_signature, generated text)
 
     def append(self, ids: Sequence[int], text: str, action: bool, logprobs=None, versions=None) -> None:
         n = len(ids)
@@ -102,6 +129,9 @@ class ChatSession:
         self.session_id = session_id
         self.strict = strict
         self.branches: list[Branch] = []
+        self.group_id: str | None = None  # set by the gateway from the first request that names one
+        self.task_id: str | None = None
+        self.messages: list[dict[str, Any]] = []  # the latest conversation, ending with the reply returned
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
@@ -124,8 +154,10 @@ class ChatSession:
         `commit` records it; a plan that is never committed (the request failed) leaves the session
         exactly as it was. Commit a plan before the session changes otherwise.
         """
-        rendered = self.render(messages, tools)
         current = self.branches[-1] if self.branches else None
+        if current is not None and current.replies:
+            messages = _with_generated_replies(messages, current.replies)
+        rendered = self.render(messages, tools)
         if current is not None and self.strict:
             self.check_extends(rendered)
         new_branch = current is None or not rendered.startswith(current.text)
@@ -205,10 +237,31 @@ class ChatSession:
         branch.finish_reason = finish_reason
         return text
 
+    def note_reply(self, message: Mapping[str, Any], generated: str) -> None:
+        """Remember the reply of the latest turn as the client got it (``message``: role, content, maybe
+        ``tool_calls``) and the text that was generated for it (end-of-turn token stripped), so an echo of
+        ``message`` is rendered as ``generated`` (see the module docstring)."""
+        self.branches[-1].replies.append((reply_signature(message), generated))
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the current branch (0 before the first request)."""
+        return len(self.branches[-1].token_ids) if self.branches else 0
+
+    @property
+    def num_turns(self) -> int:
+        """Generated turns of the current branch."""
+        return self.branches[-1].turns if self.branches else 0
+
     def trajectories(
-        self, rewards: Sequence[float], metadata: Mapping[str, Any] | None = None
+        self,
+        rewards: Sequence[float],
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        finish_reason: str | None = None,
     ) -> list[Trajectory]:
-        """One `Trajectory` per branch that has generated tokens, each with ``rewards`` attached."""
+        """One `Trajectory` per branch that has generated tokens, each with ``rewards`` attached (and
+        ``finish_reason`` instead of the last generation's, when given)."""
         out = []
         for index, branch in enumerate(self.branches):
             if not any(branch.action_mask):
@@ -216,21 +269,40 @@ class ChatSession:
             meta = {
                 "env": "gateway",
                 "session_id": self.session_id,
+                "task_id": self.task_id,
                 "branch": index,
                 "prefix_mismatch": branch.prefix_mismatch,
                 **(metadata or {}),
             }
             out.append(
                 Trajectory(
-                    prompt_id=self.session_id,
+                    prompt_id=self.task_id or self.session_id,
                     token_ids=list(branch.token_ids),
                     action_mask=list(branch.action_mask),
                     rollout_logprobs=list(branch.logprobs),
                     versions=list(branch.versions),
                     turn_ids=list(branch.turn_ids),
                     rewards=list(rewards),
-                    finish_reason=branch.finish_reason,
+                    finish_reason=finish_reason or branch.finish_reason,
                     metadata=meta,
+                    group_id=self.group_id,
                 )
             )
         return out
+
+
+def _with_generated_replies(
+    messages: Sequence[Mapping[str, Any]], replies: Sequence[tuple[str | None, str]]
+) -> list[Mapping[str, Any]]:
+    """``messages`` with each assistant message that equals the next remembered reply (in order) replaced
+    by the text generated for it; others (few-shot examples, edited replies) are left as sent."""
+    out: list[Mapping[str, Any]] = []
+    j = 0
+    for message in messages:
+        if j < len(replies) and message.get("role") == "assistant":
+            signature, generated = replies[j]
+            if signature is not None and reply_signature(message) == signature:
+                message = {"role": "assistant", "content": generated}
+                j += 1
+        out.append(message)
+    return out

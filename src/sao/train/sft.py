@@ -48,14 +48,18 @@ class SFTOptions:
     device: str = "auto"
 
 
-def load_chat_jsonl(path: str | Path) -> list[list[dict[str, Any]]]:
-    """Read conversations; a malformed line raises ``ValueError`` naming the file and line."""
+def load_chat_jsonl(path: str | Path) -> list[tuple[list[dict[str, Any]], list[Any] | None]]:
+    """Read ``(messages, tools)`` conversations (``tools``: the row's optional tool schemas, rendered into
+    the prompt by the chat template); a malformed line raises ``ValueError`` naming the file and line."""
     conversations = []
     for lineno, record in iter_jsonl(path):
         messages = record.get("messages") if isinstance(record, dict) else None
         if not isinstance(messages, list) or not messages:
             raise ValueError(f"{path}:{lineno}: expected an object with a non-empty 'messages' list")
-        conversations.append(messages)
+        tools = record.get("tools")
+        if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+            raise ValueError(f"{path}:{lineno}: 'tools' must be a list of tool schemas (objects)")
+        conversations.append((messages, tools or None))
     if not conversations:
         raise ValueError(f"{path}: no conversations")
     return conversations
@@ -84,12 +88,12 @@ def sft_loss(model: torch.nn.Module, batch: Batch, micro_batch_tokens: int, back
 
 
 def _trajectories(
-    tokenizer: Any, conversations: Sequence[list[dict[str, Any]]], max_tokens: int
+    tokenizer: Any, conversations: Sequence[tuple[list[dict[str, Any]], list[Any] | None]], max_tokens: int
 ) -> list[Trajectory]:
     out = []
-    for i, messages in enumerate(conversations):
+    for i, (messages, tools) in enumerate(conversations):
         try:
-            rendered = render_chat(tokenizer, messages)
+            rendered = render_chat(tokenizer, messages, tools=tools)
         except ChatTemplateError as err:
             raise ValueError(f"conversation {i}: {err}") from None
         traj = sft_trajectory(rendered, prompt_id=f"sft-{i}", max_tokens=max_tokens)

@@ -1,0 +1,267 @@
+"""The Anthropic side of the gateway: ``POST /v1/messages`` bodies converted to the OpenAI `ChatRequest`
+the session recorder serves, and the gateway's chat.completion converted back to an Anthropic message.
+
+Requests: ``system`` (a string or text blocks, joined with ``"\\n"``) → a first ``system`` message. A user
+message's blocks keep their order: consecutive ``text`` blocks form one ``user`` message, each
+``tool_result`` becomes a ``tool`` message (``tool_call_id`` = ``tool_use_id``; an ``is_error`` result's
+text is prefixed ``"error: "`` unless it already starts with ``error:``, as OpenAI has no error flag). An
+assistant message's ``text`` blocks (joined) → ``content``, its ``tool_use`` blocks → ``tool_calls``
+(``arguments`` = ``json.dumps(input)``; ``content`` None when there is no text). ``tools`` → OpenAI
+function tools, ``stop_sequences`` → ``stop``; sampling fields, ``session_id`` (sao's extension, as on the
+OpenAI side), ``group_id`` and ``task_id`` are passed only when the client set them, so the
+`ChatRequest`'s ``model_fields_set`` is the client's. ``stream`` is passed on (the gateway refuses it).
+
+Responses: text, then one ``tool_use`` block per call, with the OpenAI call id as block id (an agent that
+echoes the block back produces the same ``tool_calls`` id); ``stop_reason`` ``tool_use``, ``max_tokens``
+or ``end_turn`` (a matched stop sequence is not told apart: ``stop_sequence`` is always None). sao's
+extras (``session_id``, ``prompt_token_ids``, ``token_ids``, ``versions``, per-token ``logprobs`` as
+floats, and any non-OpenAI top-level key) are passed through.
+
+Not supported: streaming, images and documents, ``thinking`` blocks (refused), server tools. Ignored:
+``tool_choice`` (the model decides), ``metadata`` and unknown top-level fields. A malformed body raises
+`AnthropicRequestError` naming the path, e.g. ``messages.2.content.0: unknown content block type 'image'``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .openai_api import ChatRequest
+
+__all__ = ["AnthropicRequestError", "MessagesRequest", "to_chat_request", "to_messages_response"]
+
+# the chat.completion keys with an Anthropic counterpart (or none); any other top-level key is sao's
+_OPENAI_KEYS = frozenset(
+    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier"}
+)
+_SAMPLING = ("model", "temperature", "top_p", "top_k", "stream", "session_id", "group_id", "task_id")
+
+
+class AnthropicRequestError(ValueError):
+    """A Messages API body sao cannot convert; the message starts with the offending path."""
+
+
+class MessagesRequest(BaseModel):
+    """A ``POST /v1/messages`` body. ``tool_choice`` is accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")  # Anthropic clients send fields we do not use
+    model: str | None = None
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    session_id: str | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    tool_choice: Any = None
+
+
+def _text(blocks: Any, path: str) -> str:
+    """A string, or a list of ``text`` blocks joined with ``"\\n"``."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise AnthropicRequestError(f"{path}: expected a string or a list of text blocks")
+    parts = []
+    for i, block in enumerate(blocks):
+        kind = _block_type(block, f"{path}.{i}")
+        if kind != "text":
+            raise AnthropicRequestError(f"{path}.{i}: expected a text block, got {kind!r}")
+        parts.append(_block_text(block, f"{path}.{i}"))
+    return "\n".join(parts)
+
+
+def _block_type(block: Any, path: str) -> str:
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise AnthropicRequestError(f"{path}: expected a content block (an object with a 'type')")
+    if block["type"] in ("thinking", "redacted_thinking"):
+        raise AnthropicRequestError(f"{path}: thinking blocks are not supported by this gateway")
+    return block["type"]
+
+
+def _block_text(block: dict[str, Any], path: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise AnthropicRequestError(f"{path}: a text block needs a string 'text'")
+    return block["text"]
+
+
+def _name(block: dict[str, Any], key: str, path: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str) or not value:
+        raise AnthropicRequestError(f"{path}: needs a non-empty string {key!r}")
+    return value
+
+
+def _tool_result(block: dict[str, Any], path: str) -> dict[str, Any]:
+    call_id = _name(block, "tool_use_id", path)
+    content = block.get("content")
+    text = "" if content is None else _text(content, f"{path}.content")
+    if block.get("is_error") and not text.lower().startswith("error:"):
+        text = f"error: {text}" if text else "error"
+    return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+
+def _user(content: Any, path: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []  # the pending run of consecutive text blocks
+    for i, block in enumerate(content):
+        where = f"{path}.{i}"
+        kind = _block_type(block, where)
+        if kind == "text":
+            texts.append(_block_text(block, where))
+        elif kind == "tool_result":
+            if texts:
+                out.append({"role": "user", "content": "\n".join(texts)})
+                texts = []
+            out.append(_tool_result(block, where))
+        elif kind == "tool_use":
+            raise AnthropicRequestError(f"{where}: a tool_use block belongs in an assistant message")
+        else:
+            raise AnthropicRequestError(f"{where}: unknown content block type {kind!r}")
+    if texts:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant(content: Any, path: str) -> dict[str, Any]:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for i, block in enumerate(content):
+        where = f"{path}.{i}"
+        kind = _block_type(block, where)
+        if kind == "text":
+            texts.append(_block_text(block, where))
+        elif kind == "tool_use":
+            call_id, name = _name(block, "id", where), _name(block, "name", where)
+            args = block.get("input", {})
+            if not isinstance(args, dict):
+                raise AnthropicRequestError(f"{where}.input: a tool_use input must be an object")
+            fn = {"name": name, "arguments": json.dumps(args)}
+            calls.append({"id": call_id, "type": "function", "function": fn})
+        elif kind == "tool_result":
+            raise AnthropicRequestError(f"{where}: a tool_result block belongs in a user message")
+        else:
+            raise AnthropicRequestError(f"{where}: unknown content block type {kind!r}")
+    message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tool(tool: dict[str, Any], path: str) -> dict[str, Any]:
+    if tool.get("type") not in (None, "custom"):
+        raise AnthropicRequestError(f"{path}: server tools ({tool['type']!r}) are not supported")
+    name = _name(tool, "name", path)
+    schema = tool.get("input_schema")
+    if not isinstance(schema, dict):
+        raise AnthropicRequestError(f"{path}.input_schema: must be an object (a JSON schema)")
+    fn: dict[str, Any] = {"name": name}
+    if tool.get("description") is not None:
+        fn["description"] = tool["description"]
+    fn["parameters"] = schema
+    return {"type": "function", "function": fn}
+
+
+def to_chat_request(req: MessagesRequest) -> ChatRequest:
+    """The OpenAI `ChatRequest` equivalent to ``req``, carrying only the fields the client set.
+
+    Raises `AnthropicRequestError` (naming the path) for a shape sao does not convert.
+    """
+    messages: list[dict[str, Any]] = []
+    if req.system is not None:
+        messages.append({"role": "system", "content": _text(req.system, "system")})
+    for i, msg in enumerate(req.messages):
+        path = f"messages.{i}"
+        role, content = msg.get("role"), msg.get("content")
+        if role == "system":
+            raise AnthropicRequestError(
+                f"{path}.role: 'system' is not a message role; put the system prompt in 'system'"
+            )
+        if role not in ("user", "assistant"):
+            raise AnthropicRequestError(f"{path}.role: must be 'user' or 'assistant', got {role!r}")
+        if not isinstance(content, (str, list)):
+            raise AnthropicRequestError(f"{path}.content: expected a string or a list of content blocks")
+        if not content and isinstance(content, list):
+            raise AnthropicRequestError(f"{path}.content: must not be an empty list")
+        if role == "user":
+            messages.extend(_user(content, f"{path}.content"))
+        else:
+            messages.append(_assistant(content, f"{path}.content"))
+    fields: dict[str, Any] = {"messages": messages, "max_tokens": req.max_tokens}
+    given = req.model_fields_set
+    fields.update({k: getattr(req, k) for k in _SAMPLING if k in given and getattr(req, k) is not None})
+    if "stop_sequences" in given and req.stop_sequences is not None:
+        fields["stop"] = req.stop_sequences
+    if "tools" in given and req.tools is not None:
+        fields["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools)]
+    return ChatRequest(**fields)
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    """An OpenAI call's ``arguments`` as an Anthropic ``input`` (a non-object is wrapped as ``arguments``)."""
+    try:
+        value = json.loads(arguments)
+    except (TypeError, json.JSONDecodeError):
+        value = arguments
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def to_messages_response(chat: dict[str, Any]) -> dict[str, Any]:
+    """The Anthropic message for the gateway's chat.completion ``chat``, with sao's extras passed through."""
+    choice = chat["choices"][0]
+    message = choice["message"]
+    content: list[dict[str, Any]] = []
+    if message.get("content"):
+        content.append({"type": "text", "text": message["content"]})
+    calls = message.get("tool_calls") or []
+    for call in calls:
+        fn = call["function"]
+        content.append(
+            {"type": "tool_use", "id": call["id"], "name": fn["name"], "input": _tool_input(fn["arguments"])}
+        )
+    if calls:
+        stop_reason = "tool_use"
+    elif choice.get("finish_reason") == "length":
+        stop_reason = "max_tokens"
+    else:
+        stop_reason = "end_turn"
+    chat_id = str(chat.get("id", ""))
+    suffix = chat_id.removeprefix("chatcmpl-") if chat_id.startswith("chatcmpl-") else uuid.uuid4().hex
+    usage = chat.get("usage") or {}
+    out: dict[str, Any] = {
+        "id": f"msg_{suffix}",
+        "type": "message",
+        "role": "assistant",
+        "model": chat["model"],
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": usage.get("prompt_tokens", 0),
+            "output_tokens": usage.get("completion_tokens", 0),
+        },
+    }
+    for key in ("token_ids", "versions"):
+        if key in choice:
+            out[key] = choice[key]
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    if logprobs is not None:
+        out["logprobs"] = [entry["logprob"] for entry in logprobs]
+    for key, value in chat.items():  # session_id, prompt_token_ids, session_closed, ...
+        if key not in _OPENAI_KEYS:
+            out.setdefault(key, value)
+    return out
