@@ -40,6 +40,20 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
     "cluster.auth": (["runtime.backend=ray"], "token"),
     "cluster.temp_dir": (["runtime.backend=ray"], "/tmp/sao-ray-test"),
     **{
+        f"gateway.{key}": (["data.source=gateway"], value)
+        for key, value in [
+            ("host", "0.0.0.0"),
+            ("port", 9123),
+            ("admission", "reject"),
+            ("admission_timeout_s", 5.0),
+            ("max_sessions", 7),
+            ("session_idle_timeout_s", 60.0),
+            ("max_body_bytes", 1024),
+            ("max_pending", 3),
+            ("retry_after_s", 4),
+        ]
+    },
+    **{
         f"cluster.{key}": (["runtime.backend=ray", "cluster.num_cpus=64", "cluster.num_gpus=8"], value)
         for key, value in [
             ("trainer_workers", 2),

@@ -151,6 +151,11 @@ class EngineConfig(_Section):
 class DataConfig(_Section):
     """Prompts and the environment they are played in."""
 
+    source: Literal["env", "gateway", "both"] = Field(
+        "env",
+        description="Where episodes come from: 'env' the built-in producer playing data.env; 'gateway' "
+        "external agents through the run's OpenAI-compatible server (the gateway section); 'both' at once.",
+    )
     env: str = Field("calculator", description="Registered environment name.")
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the env constructor, e.g. {turns: episode}."
@@ -178,6 +183,39 @@ class DataConfig(_Section):
         "as env_timeout. null: wait forever.",
     )
     seed: int = Field(0, description="Prompt sampling seed.")
+
+
+class GatewayConfig(_Section):
+    """The run's OpenAI-compatible server for external agents (data.source gateway/both; docs/gateway.md)."""
+
+    host: str = Field("127.0.0.1", description="Interface the server binds.")
+    port: int = Field(
+        8000, ge=0, le=65535, description="TCP port; 0 picks a free one (the URL is in RUN_DIR/gateway.json)."
+    )
+    admission: Literal["wait", "reject"] = Field(
+        "wait",
+        description="A new session over the staleness capacity: 'wait' holds its first request until a "
+        "trained batch frees room (up to admission_timeout_s, then 429); 'reject' answers 429 at once.",
+    )
+    admission_timeout_s: float = Field(
+        300.0, gt=0, description="admission=wait: longest wait of a new session's first request before 429."
+    )
+    max_sessions: int = Field(4096, ge=1, description="Open sessions at most; a new one beyond gets 429.")
+    session_idle_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="Seconds without a request after which an unrewarded session is closed as abandoned "
+        "(counted as dropped, never trained).",
+    )
+    max_body_bytes: int = Field(8 * 2**20, ge=1, description="Request body limit in bytes (413 beyond).")
+    max_pending: int = Field(
+        256, ge=1, description="Generation requests in flight at once; the next gets 503 with Retry-After."
+    )
+    retry_after_s: int = Field(1, ge=0, description="Retry-After seconds of 429 and 503 answers.")
+
+    def changed(self) -> list[str]:
+        """Names of the fields whose value differs from the default."""
+        return [name for name, info in type(self).model_fields.items() if getattr(self, name) != info.default]
 
 
 class AlgoConfig(_Section):
@@ -486,6 +524,9 @@ class RunConfig(_Section):
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value model.")
     engine: EngineConfig = Field(default_factory=EngineConfig, description="Rollout generation.")
     data: DataConfig = Field(default_factory=DataConfig, description="Prompts and environment.")
+    gateway: GatewayConfig = Field(
+        default_factory=GatewayConfig, description="The server of external agents (data.source gateway/both)."
+    )
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Actor optimization.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Async/sync wiring.")
@@ -510,6 +551,28 @@ class RunConfig(_Section):
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of "
                 f"algo.group_size ({self.algo.group_size})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_fits_source(self) -> RunConfig:
+        source = self.data.source
+        if source == "env":
+            changed = self.gateway.changed()
+            if changed:
+                raise ValueError(f"gateway.{changed[0]} applies to data.source 'gateway' or 'both', not env")
+            return self
+        if source == "gateway":  # no built-in producer: its knobs would be accepted and ignored
+            if self.algo.advantage == "spo" and self.algo.spo_prioritized_sampling:
+                raise ValueError(
+                    "algo.spo_prioritized_sampling: with data.source='gateway' the agents pick the prompts, "
+                    "sao cannot prioritise them; set it false"
+                )
+            for key in ("max_in_flight", "max_consecutive_drops"):
+                if getattr(self.runtime, key) != type(self.runtime).model_fields[key].default:
+                    raise ValueError(
+                        f"runtime.{key} applies to the built-in producer (data.source 'env' or 'both'); "
+                        "gateway sessions are bounded by gateway.max_sessions and the staleness capacity"
+                    )
         return self
 
     @model_validator(mode="after")

@@ -7,8 +7,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.config import AlgoConfig, ClusterConfig, CriticConfig, LoggingConfig, ModelConfig, TrainerConfig
+from sao.config import (
+    AlgoConfig,
+    ClusterConfig,
+    CriticConfig,
+    GatewayConfig,
+    LoggingConfig,
+    ModelConfig,
+    TrainerConfig,
+)
 from sao.eval import EvalSettings
+from sao.serve.hooks import SessionRules
 
 __all__ = [
     "CheckpointArgs",
@@ -16,6 +25,7 @@ __all__ = [
     "EngineArgs",
     "EnvArgs",
     "EvalArgs",
+    "GatewayArgs",
     "LoopArgs",
     "ModelArgs",
     "RunLogArgs",
@@ -163,3 +173,15 @@ class ClusterArgs:
 
     cluster: ClusterConfig
     weight_sync: str  # runtime.weight_sync ('auto' is resolved with the engine backend: RayParts)
+
+
+@dataclass(frozen=True)
+class GatewayArgs:
+    """Where episodes come from (``data.source``) and, for gateway sessions, the server, its admission
+    and the rules every recorded session follows (`sao.runtime.gateway_run`)."""
+
+    source: str  # env | gateway | both
+    gateway: GatewayConfig
+    group_size: int
+    rules: SessionRules
+    verifier_timeout_s: float | None

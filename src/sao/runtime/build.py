@@ -24,6 +24,7 @@ from sao.config import (
     DataConfig,
     EngineConfig,
     EvalConfig,
+    GatewayConfig,
     LoggingConfig,
     ModelConfig,
     RunConfig,
@@ -42,6 +43,7 @@ from .args import (
     EngineArgs,
     EnvArgs,
     EvalArgs,
+    GatewayArgs,
     LoopArgs,
     ModelArgs,
     RunLogArgs,
@@ -164,6 +166,18 @@ def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:
     return ClusterArgs(cluster, runtime.weight_sync)
 
 
+def gateway_args(
+    data: DataConfig, gateway: GatewayConfig, engine: EngineConfig, algo: AlgoConfig
+) -> GatewayArgs:
+    from sao.serve.hooks import SessionRules
+
+    rules = SessionRules(
+        max_session_tokens=data.max_total_tokens, max_turns=data.max_turns, temperature=engine.temperature,
+        top_p=engine.top_p, top_k=engine.top_k, max_tokens_per_turn=engine.max_new_tokens,
+    )  # fmt: skip
+    return GatewayArgs(data.source, gateway, algo.group_size, rules, data.env_timeout_s)
+
+
 def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:
     return LoopArgs(trainer.total_steps, trainer.batch_size, trainer.seed, runtime.backend)
 
@@ -252,6 +266,12 @@ FACTORIES: dict[str, Factory] = {
     "cluster": Factory(cluster_args, ("cluster", "runtime"), ("cluster.*", "runtime.weight_sync"),
                        "the Ray runtime: cluster, engine replicas, trainer ranks, weight sync "
                        "(sao.runtime.ray_backend.RayParts)"),
+    "gateway": Factory(gateway_args, ("data", "gateway", "engine", "algo"),
+                       ("data.source", "gateway.*", "data.max_total_tokens", "data.max_turns",
+                        "data.env_timeout_s", "engine.temperature", "engine.top_p", "engine.top_k",
+                        "engine.max_new_tokens", "algo.group_size"),
+                       "episodes from external agents: the run's OpenAI-compatible server, admission, "
+                       "session rules, verifier (sao.runtime.gateway_run)"),
     "loop": Factory(loop_args, ("trainer", "runtime"),
                     ("trainer.total_steps", "trainer.batch_size", "trainer.seed", "runtime.backend"),
                     "the run loop: steps, batch size, run seed (sao.runtime.runner.Run)"),

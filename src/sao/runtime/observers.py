@@ -1,8 +1,8 @@
 """Per-batch work of a run, each piece an explicit observer of the trained step (in the order listed):
 
 1. `WeightPush` — the new weights to the engine, without aborting in-flight episodes;
-2. `Books` — the staleness books and the producer learn that the batch was trained; runtime metrics
-   (throughput, idle fractions, queue size, trajectory counts, policy version);
+2. `Books` — the staleness books and the episode sources learn that the batch was trained; runtime
+   metrics (throughput, idle fractions, queue size, trajectory counts, policy version, gateway sessions);
 3. `MetricsLog` — the step's metrics to the sinks and the progress display;
 4. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
 5. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
@@ -88,6 +88,9 @@ class Books:
             }
         )
         record.metrics.update({f"runtime/dropped/{k}": float(v) for k, v in s.drops_by_reason.items()})
+        metrics = getattr(self.producer, "metrics", None)  # the gateway's session books, when it has one
+        if metrics is not None:
+            record.metrics.update(metrics())
 
 
 class MetricsLog:

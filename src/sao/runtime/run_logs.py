@@ -23,6 +23,9 @@ A ``timeline.jsonl`` line::
     {"t": 12.5, "version": 4, "in_flight": 61, "queued": 3, "trained": 64,
      "engine": {"running": 58.0, "waiting": 0.0, "busy_s": 11.9, "decode_steps": 1402.0, ...}}
 
+A trajectory recorded through the run's gateway (``data.source`` gateway/both) also has its
+``session_id``; its turns have no timings (null).
+
 ``t``: seconds since the loop started; ``engine``: the engine's `stats()` (cumulative counters, plus the
 instantaneous ``running``/``waiting``), numbers only.
 
@@ -102,6 +105,7 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
         "finish_reason": traj.finish_reason,
         "reward": traj.outcome_reward,
         "turns": turns,
+        **({"session_id": traj.metadata["session_id"]} if "session_id" in traj.metadata else {}),
     }
 
 

@@ -63,6 +63,21 @@ class StalenessManager:
             self._started += n
             return True
 
+    def add_started(self, n: int) -> None:
+        """Count ``n`` trajectories that began without a reservation of their own (the extra branches of a
+        gateway session that rewrote its history); they may take the books over capacity briefly."""
+        with self._lock:
+            self._started += n
+
+    def cancel_start(self, n: int = 1) -> None:
+        """Give back ``n`` reserved starts that never began (a gateway session whose first request failed
+        before anything was recorded): as if `try_start` had not been called for them."""
+        with self._lock:
+            pending = self._started - self._trained - sum(self._drops.values())
+            if n > pending:
+                raise ValueError(f"cannot cancel {n} starts: only {pending} are pending")
+            self._started -= n
+
     def should_drop(self, oldest_version: int, current_version: int) -> bool:
         """Whether a finished trajectory is too stale to train under the drop rule."""
         return self.drop_older_than is not None and current_version - oldest_version > self.drop_older_than
