@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo test lint format install clean test-vllm
+.PHONY: demo demo-gateway test lint format install clean test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,30 @@ demo: install
 	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000080/actor $(QS_EVAL) --out $(QS)/eval_rl.json
 	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png
 	$(BIN)/python examples/compare_evals.py $(QS)/eval_sft.json $(QS)/eval_rl.json
+
+# The gateway demo (about 7 minutes on 2 cores, plus the quickstart's warm start if runs/quickstart/sft is
+# missing): the quickstart's model adapted to prompts that carry the calc tool's schema, then trained online
+# on the sessions of examples/openai_agent/agent.py (only the openai SDK), which talks to the run's
+# OpenAI-compatible server; held-out Pass@1 of the agent before and after. See docs/gateway.md.
+QG ?= runs/quickstart_gateway
+demo-gateway: install $(QS)/sft/config.json
+	$(BIN)/sao config configs/quickstart_gateway.yaml > /dev/null
+	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --tools --seed 1 \
+		--out $(QG)/chats.jsonl
+	$(BIN)/sao sft --model $(QS)/sft --data $(QG)/chats.jsonl --out $(QG)/sft --steps 200 --lr 1e-3 \
+		--batch-size 32 --eval-every 100
+	$(BIN)/python examples/make_env_tasks.py --env calculator --n 4096 --seed 7 --out $(QG)/train.jsonl
+	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QG)/heldout.jsonl
+	rm -rf $(QG)/rl  # a fresh run each time
+	$(BIN)/python examples/openai_agent/demo.py --config configs/quickstart_gateway.yaml --model $(QG)/sft \
+		--run-dir $(QG)/rl --train-tasks $(QG)/train.jsonl --heldout $(QG)/heldout.jsonl
+
+# The quickstart's warm start (the first steps of `make demo`), when demo-gateway needs it.
+$(QS)/sft/config.json: | install
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(QS)/base
+	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --out $(QS)/chats.jsonl
+	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
+		--batch-size 32 --eval-every 250
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples

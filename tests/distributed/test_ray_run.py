@@ -142,3 +142,35 @@ def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
     assert (more.steps, more.policy_version) == (5, 5) and more.counters["trained"] == 20
     assert session_processes(ray_dir) == []
     shutil.rmtree(ray_dir)
+
+
+def test_a_gateway_run_on_ray_trains_the_agents_sessions_through_the_engine_pool(tmp_path):
+    from tests.runtime.gateway_agent import play, wait_for_gateway
+
+    overrides = [o for o in _OVERRIDES if not o.startswith("runtime.max_in_flight")]
+    cfg = load_config(None, [
+        *overrides, *_RAY, f"logging.run_dir={tmp_path / 'run'}", "data.source=gateway", "gateway.port=0",
+        "trainer.total_steps=3", "engine.max_new_tokens=8",
+    ])  # fmt: skip
+
+    async def main():
+        run = Run(cfg)
+        stop = asyncio.Event()
+        agents = asyncio.create_task(_agents(tmp_path / "run", stop))
+        await run.start()  # the critic pretrains on the agents' first 8 sessions
+        try:
+            await run.loop()
+        finally:
+            stop.set()
+            result = await run.close()
+        return run, result, await asyncio.wait_for(agents, 60)
+
+    async def _agents(run_dir, stop):
+        return await play(await wait_for_gateway(run_dir), stop, workers=8, turns=2, pause_s=0.05)
+
+    run, result, played = asyncio.run(main())
+    assert (result.steps, result.policy_version) == (3, 3)
+    books = run.staleness.stats()
+    assert books.trained == 12 and books.started == books.trained + books.dropped + books.pending
+    assert sum(p.end == "rewarded" for p in played) >= 12 + 8  # trained + the pretraining corpus
+    assert run.gateway_source.counters["pretrain/trajectories"] == 8

@@ -98,11 +98,11 @@ def test_chat_template_renders_tools_and_tool_calls(tokenizer: PreTrainedTokeniz
     assert text.startswith("<|im_start|>system\nYou are terse.\n\n# Tools\n")
     assert '\n<tools>\n{"type": "function", "function": {"name": "python"' in text
     assert (
-        'Computing.\n<tool_call>\n{"name": "python", "arguments": {"code": "6*7"}}\n</tool_call><|im_end|>'
+        'Computing.\n<tool_call>{"name": "python", "arguments": {"code": "6*7"}}</tool_call><|im_end|>'
         in text
     )
     # String arguments are inserted verbatim; no newline before the first call of an empty message.
-    assert '<|im_start|>assistant\n<tool_call>\n{"name": "python", "arguments": {"code": "7*6"}}\n' in text
+    assert '<|im_start|>assistant\n<tool_call>{"name": "python", "arguments": {"code": "7*6"}}</tool_call>' in text
     assert _render(tokenizer, CONVERSATION[1:2], tools=TOOLS).count("<|im_start|>system\n# Tools") == 1
 
 

@@ -9,7 +9,10 @@ The chat template follows Qwen3's turn format (``<|im_start|>role\\n…<|im_end|
 turn, tool calls as ``<tool_call>`` JSON, tool results as user turns wrapped in ``<tool_response>``). The
 tools block is only the signatures (``# Tools`` and one JSON line per tool inside ``<tools>``), without
 Qwen3's English instructions on how to call them: with a byte-level tokenizer every byte is a prompt token,
-and the tiny models learn the call format from their warm start. Two deliberate differences make
+and the tiny models learn the call format from their warm start. A structured tool call (an assistant
+message's ``tool_calls``) renders as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, without
+Qwen3's newlines inside the tags: the format sao's tiny models generate (`sao.envs.calculator`), so a
+call an OpenAI client sends back renders as it was generated. Two deliberate differences make
 rendering *prefix-stable* — the rendering of ``messages[:k]`` is a prefix
 of the rendering of ``messages[:k+1]`` — which RL's token-in/token-out bookkeeping needs:
 earlier ``reasoning_content`` is never stripped, and each tool message is its own user turn (Qwen3 merges
@@ -79,10 +82,10 @@ CHAT_TEMPLATE = """\
       {%- for call in message.tool_calls -%}
         {%- if call.function is defined -%}{%- set call = call.function -%}{%- endif -%}
         {%- if message.content or not loop.first -%}{{- '\\n' -}}{%- endif -%}
-        {{- '<tool_call>\\n{"name": "' + call.name + '", "arguments": ' -}}
+        {{- '<tool_call>{"name": "' + call.name + '", "arguments": ' -}}
         {%- if call.arguments is string -%}{{- call.arguments -}}
         {%- else -%}{{- call.arguments | tojson -}}{%- endif -%}
-        {{- '}\\n</tool_call>' -}}
+        {{- '}</tool_call>' -}}
       {%- endfor -%}
     {%- endif -%}
     {{- '<|im_end|>\\n' -}}

@@ -59,18 +59,16 @@ def make_verifier(make_env: Callable[[], Env], tasks: Sequence[Task], timeout_s:
     return verify
 
 
-class _Server:
+def _uvicorn_server(config: Any) -> Any:
     """uvicorn's server without its signal handlers: Ctrl-C stops the training run, not just the server."""
+    import uvicorn
 
-    def __new__(cls, config: Any) -> Any:
-        import uvicorn
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
 
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Iterator[None]:
-                yield
-
-        return Server(config)
+    return Server(config)
 
 
 class RunGateway:
@@ -119,7 +117,7 @@ class RunGateway:
         sock.setblocking(False)
         port = sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-        self._server = _Server(config)
+        self._server = _uvicorn_server(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
             if self._task.done():

@@ -268,7 +268,7 @@ class Run:
         )  # fmt: skip
         url = await self.gateway.start()
         self.console.print(f"gateway for external agents: {url} (also in {self.run_dir / 'gateway.json'})",
-                           markup=False, highlight=False)  # fmt: skip
+                           markup=False, highlight=False, soft_wrap=True)  # fmt: skip
 
     def _timeline(self) -> contextlib.AbstractAsyncContextManager[Any]:
         """The timeline sampler of ``logging.timeline_every_s`` (a no-op context when it is off)."""
@@ -302,7 +302,7 @@ class Run:
             assert self.gateway_source is not None
             self.console.print(
                 f"value pretraining: waiting for {args.options.corpus_size} sessions of the initial policy "
-                "through the gateway", markup=False, highlight=False,
+                "through the gateway", markup=False, highlight=False, soft_wrap=True,
             )  # fmt: skip
             corpus = await self._pretrain_sessions()
         else:
