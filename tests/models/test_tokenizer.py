@@ -102,7 +102,8 @@ def test_chat_template_renders_tools_and_tool_calls(tokenizer: PreTrainedTokeniz
         in text
     )
     # String arguments are inserted verbatim; no newline before the first call of an empty message.
-    assert '<|im_start|>assistant\n<tool_call>{"name": "python", "arguments": {"code": "7*6"}}</tool_call>' in text
+    call = '<tool_call>{"name": "python", "arguments": {"code": "7*6"}}</tool_call>'
+    assert f"<|im_start|>assistant\n{call}" in text
     assert _render(tokenizer, CONVERSATION[1:2], tools=TOOLS).count("<|im_start|>system\n# Tools") == 1
 
 

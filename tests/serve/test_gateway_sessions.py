@@ -358,3 +358,28 @@ def test_the_anthropic_messages_api_records_into_the_same_sessions(tiny_moe_dir,
         await engine.close()
 
     asyncio.run(main())
+
+
+def test_the_anthropic_sdk_sends_its_replies_back_and_the_session_does_not_branch(
+    tiny_moe_dir, tiny_tokenizer, serve_app
+):
+    anthropic = pytest.importorskip("anthropic")
+    engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=4)
+    hooks = Hooks()
+    url = serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=8, hooks=hooks))
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    tools = [{"name": "calc", "input_schema": TOOL_SCHEMA["function"]["parameters"]}]
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    sid = {"X-Session-Id": "sdk"}
+    first = client.messages.create(model="m", max_tokens=6, messages=messages, tools=tools, extra_headers=sid)
+    messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "and 3?"}]
+    second = client.messages.create(
+        model="m", max_tokens=6, messages=messages, tools=tools, extra_headers=sid
+    )
+    assert first.stop_reason in ("end_turn", "max_tokens") and second.usage.output_tokens >= 1
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
+    with pytest.raises(anthropic.BadRequestError, match="unknown content block type 'image'"):
+        client.messages.create(model="m", max_tokens=6, messages=[{"role": "user", "content": [image]}])
+    assert httpx.post(f"{url}/v1/sessions/sdk/reward", json={"reward": 1.0}).status_code == 200
+    [(_, [traj])] = hooks.sessions
+    assert traj.num_turns == 2 and not traj.metadata["prefix_mismatch"]
