@@ -23,6 +23,10 @@ class ConfigError(ValueError):
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def changed(self) -> list[str]:
+        """Names of the fields whose value differs from the default (a dumped config sets them all)."""
+        return [name for name, info in type(self).model_fields.items() if getattr(self, name) != info.default]
+
 
 class ModelConfig(_Section):
     """The policy backbone (the critic shares it): a local HF checkpoint or a tiny random model."""
@@ -212,10 +216,6 @@ class GatewayConfig(_Section):
         256, ge=1, description="Generation requests in flight at once; the next gets 503 with Retry-After."
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds of 429 and 503 answers.")
-
-    def changed(self) -> list[str]:
-        """Names of the fields whose value differs from the default."""
-        return [name for name, info in type(self).model_fields.items() if getattr(self, name) != info.default]
 
 
 class AlgoConfig(_Section):
@@ -432,10 +432,6 @@ class ClusterConfig(_Section):
     start_timeout_s: float = Field(
         300.0, gt=0, description="Seconds to wait for the actors' resources and their start-up."
     )
-
-    def changed(self) -> list[str]:
-        """Names of the fields whose value differs from the default (a dumped config sets them all)."""
-        return [name for name, info in type(self).model_fields.items() if getattr(self, name) != info.default]
 
     def requested(self) -> dict[str, float]:
         """Resources the actors ask for in total: ``{"CPU": …, "GPU": …}``."""
