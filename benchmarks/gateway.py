@@ -134,7 +134,9 @@ def start_server(path: Path, port: int, args: argparse.Namespace) -> subprocess.
     cmd = [sys.executable, "-m", "sao.cli", "serve", "--model", str(path), "--port", str(port)]
     cmd += ["--device", "cpu", "--dtype", "float32", "--max-running", str(args.max_running)]
     cmd += ["--max-pending", str(max(256, 2 * max(args.levels)))]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file beside the model, not a pipe nobody reads (a full pipe would stall the server)
+    log = open(path.parent / "server.log", "w")  # noqa: SIM115 (closed with the temporary directory)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
     deadline = time.time() + 120
     while True:
         try:
@@ -144,7 +146,7 @@ def start_server(path: Path, port: int, args: argparse.Namespace) -> subprocess.
             pass
         if proc.poll() is not None or time.time() > deadline:
             proc.kill()
-            raise RuntimeError(f"sao serve did not come up: {proc.stderr.read() if proc.stderr else ''}")
+            raise RuntimeError(f"sao serve did not come up: {(path.parent / 'server.log').read_text()}")
         time.sleep(0.3)
 
 
@@ -225,6 +227,9 @@ def main() -> None:
         started = time.perf_counter()
         try:
             runs = asyncio.run(measure(path, port, args))
+        except Exception:
+            print(f"the gateway's log:\n{(path.parent / 'server.log').read_text()[-4000:]}", file=sys.stderr)
+            raise
         finally:
             server.terminate()
             server.wait(timeout=30)
