@@ -212,3 +212,48 @@ def test_make_tool_chats_example_writes_env_format_jsonl(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(script), "--n", "3", "--out", str(with_tools), "--tools"])
     runpy.run_path(str(script), run_name="__main__")
     assert all(tools == [TOOL_SCHEMA] for _, tools in load_chat_jsonl(with_tools))
+
+
+def test_with_its_tool_schema_an_episode_has_the_tokens_of_the_same_gateway_session(tiny_tokenizer):
+    """The env's prompt shows TOOL_SCHEMA as an OpenAI agent's tools=[...] does, so the agent loop's tokens
+    equal a gateway session in which the client sends the structured tool call back."""
+    from sao.engine.types import Generation
+    from sao.rollout.agent_loop import AgentLoopConfig, run_episode
+    from sao.serve.openai_api import split_tool_calls
+    from sao.serve.sessions import ChatSession
+
+    tok = tiny_tokenizer
+    task = make_tasks(1, seed=9)[0]
+    turns = [optimal_policy(task, []), answer_text(task.answer)]
+    eot = "<|im_end|>"
+
+    class Scripted:
+        version = 0
+
+        def __init__(self):
+            self.texts = list(turns)
+
+        async def generate(self, prompt_ids, params):
+            ids = tok(self.texts.pop(0) + eot, add_special_tokens=False)["input_ids"]
+            return Generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+
+    env = CalculatorEnv(tool_schema=True)
+    assert env.tools == [TOOL_SCHEMA]
+    traj = asyncio.run(run_episode(Scripted(), tok, env, task, AgentLoopConfig(max_total_tokens=2000)))
+    assert traj.rewards[-1] == 1.0 and "# Tools\n<tools>" in tok.decode(traj.token_ids)
+
+    session = ChatSession(tok, "s")
+    messages = [{"role": "user", "content": task.prompt}]
+    for k, text in enumerate(turns):
+        session.commit(plan := session.plan(messages, [TOOL_SCHEMA]))
+        assert not plan.prefix_mismatch
+        ids = tok(text + eot, add_special_tokens=False)["input_ids"]
+        session.record_generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+        content, calls = split_tool_calls(text)
+        reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
+        session.note_reply(reply, text)
+        messages.append(reply)
+        if k == 0:
+            messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": str(task.answer)})
+    [gateway] = session.trajectories([1.0])
+    assert gateway.token_ids == traj.token_ids and gateway.action_mask == traj.action_mask
