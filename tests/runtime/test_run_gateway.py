@@ -36,9 +36,9 @@ class Trained:
         self.trajectories.extend(record.trajectories)
 
 
-async def _train(overrides: list[str], run_dir: Path, **agent):
+async def _train(overrides: list[str], run_dir: Path, resume: bool = False, **agent):
     cfg = load_config(None, [*BASE, f"logging.run_dir={run_dir}", *overrides])
-    run = Run(cfg)
+    run = Run(cfg, resume=resume)
     stop = asyncio.Event()
 
     async def agents():
@@ -138,3 +138,21 @@ def test_gateway_runs_refuse_knobs_they_would_ignore_and_a_busy_port():
             load_config(None, [*BASE, *extra])
     with pytest.raises(ConfigError, match=r"gateway\.port applies to data\.source"):
         load_config(None, ["model.tiny_arch=qwen3_moe", "gateway.port=9000"])
+
+
+def test_a_resumed_gateway_run_restores_its_books_before_it_serves(tmp_path):
+    base = ["critic.pretrain.corpus_size=4", "critic.pretrain.max_steps=2", "trainer.batch_size=4",
+            "logging.checkpoint_every=1"]  # fmt: skip
+    run_dir = tmp_path / "run"
+    _, r1, _, _ = asyncio.run(_train([*base, "trainer.total_steps=2"], run_dir, workers=6, turns=1))
+    assert r1.steps == 2
+    (run_dir / "gateway.json").unlink()  # the resumed run writes its own (a new free port)
+    second, r2, trained, _ = asyncio.run(
+        _train([*base, "trainer.total_steps=4"], run_dir, resume=True, workers=6, turns=1)
+    )
+    assert r2.steps == 4 and len(trained) == 8  # steps 3 and 4 only
+    books = second.staleness.stats()
+    assert books.started == books.trained + books.dropped + books.pending and books.trained == 16
+    sessions = second.gateway_source.session_books()
+    assert sessions["admitted"] == sum(v for k, v in sessions.items() if k != "admitted")
+    assert second.gateway_source.counters["pretrain/trajectories"] == 4  # pretrained once, not again

@@ -208,7 +208,9 @@ class Run:
             self.trainer, self.sync = self.ray.group, self.ray.sync
         gw = self.parts["gateway"]
         if gw.source in ("gateway", "both"):
-            await self._start_gateway()
+            self._gateway_source()
+            if self.loaded is None:  # value pretraining may need the agents' sessions: serve now
+                await self._serve_gateway()
         self.pre_metrics = await self._pretrain_critic() if self.loaded is None else {}
         if not self.distributed:  # built after value pretraining: it (re)applies the critic's freezing
             self.trainer = build_trainer(self.cfg, self.actor, self.critic)
@@ -224,6 +226,8 @@ class Run:
         self.sources = Sources(self.producer, self.gateway_source)
         if self.loaded is not None:
             await self._restore()
+            if self.gateway_source is not None:  # served once the books are restored, not before
+                await self._serve_gateway()
         if self.producer is not None:
             self.producer.episodes_started = self.staleness.stats().started
         # A resumed run redoes the steps after its checkpoint (all without one): set their records aside.
@@ -248,8 +252,8 @@ class Run:
         if logs.episodes:
             self.observers.insert(2, EpisodeLog(logs.run_dir, resume_step))
 
-    async def _start_gateway(self) -> None:
-        """The session source and the server external agents use (``data.source`` gateway/both)."""
+    def _gateway_source(self) -> None:
+        """The session source of external agents (``data.source`` gateway/both)."""
         gw, pre = self.parts["gateway"], self.parts["value_pretrain"]
         g = gw.gateway
         # Value pretraining needs rollouts of the initial policy: with no built-in producer, the agents'.
@@ -261,6 +265,10 @@ class Run:
             idle_timeout_s=g.session_idle_timeout_s,
             pretrain_sessions=pre.options.corpus_size if pretrain else 0,
         )  # fmt: skip
+
+    async def _serve_gateway(self) -> None:
+        """The server external agents use, in front of the run's engine."""
+        gw = self.parts["gateway"]
         verifier = make_verifier(self.env_factory, self.tasks, gw.verifier_timeout_s)
         self.gateway = RunGateway(
             gw, self.engine, self.tokenizer, self.gateway_source, verifier, self.run_dir,
