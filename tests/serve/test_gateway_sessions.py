@@ -164,6 +164,7 @@ def test_rewards_for_unknown_closed_or_invalid_sessions_get_clear_errors(tiny_mo
             ("nobody", {"reward": 1.0}, 404, "unknown or already closed session 'nobody'"),
             ("a", {"reward": 1.0, "rewards": [1.0]}, 400, "at most one of"),
             ("a", {"reward": float("nan")}, 400, "reward"),
+            ("a", {"rewards": [float("inf")]}, 400, "rewards.0"),
             ("a", {}, 400, "this gateway has no verifier"),
             ("a", {"rewards": [1.0, 0.0, 1.0]}, 400, "cannot close session 'a'"),
             ("a", {"reward": 1.0, "extra": 1}, 400, "extra"),

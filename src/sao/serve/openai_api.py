@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,7 +62,7 @@ class RewardRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     reward: float | None = Field(None, allow_inf_nan=False)
-    rewards: list[float] | None = None
+    rewards: list[Annotated[float, Field(allow_inf_nan=False)]] | None = None
     task_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
 
