@@ -495,3 +495,56 @@ def test_sao_train_with_a_launched_vllm_server_trains_and_pushes_every_version(
     result = train_sync_entry(load_config(None, [*vllm_run_overrides(vllm_python, run)]))
     steps = check_vllm_run(result, run)
     assert max(r["lag/token_max"] for r in steps) >= 1  # versions as the server's reloads attributed them
+
+
+@pytest.mark.vllm
+def test_a_gateway_run_on_a_vllm_server_trains_what_the_server_returned_to_the_agent(
+    vllm_python: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """``data.source=gateway`` with ``engine.backend=vllm``: an OpenAI-SDK agent's sessions go through the
+    run's gateway to the vLLM server; the trained trajectories are what the server returned (tokens,
+    log-probs, versions) and every version is pushed while sessions are open."""
+    from tests.runtime.gateway_agent import play, wait_for_gateway
+
+    from sao.config import load_config
+    from sao.runtime.runner import Run
+
+    for name, value in _cpu_env().items():
+        monkeypatch.setenv(name, value)
+    run_dir = tmp_path / "run"
+    overrides = [
+        o for o in vllm_run_overrides(vllm_python, run_dir) if not o.startswith("runtime.max_in_flight")
+    ]
+    cfg = load_config(None, [*overrides, "data.source=gateway", "gateway.port=0", "data.env=calculator"])
+    trained: list = []
+
+    class Keep:
+        async def on_step(self, record) -> None:
+            trained.extend(record.trajectories)
+
+    async def main():
+        run, stop = Run(cfg), asyncio.Event()
+        agents = asyncio.create_task(_agents(stop))
+        await run.start()
+        run.observers.append(Keep())
+        try:
+            await run.loop()
+        finally:
+            stop.set()
+            result = await run.close()
+        return run, result, await asyncio.wait_for(agents, 120)
+
+    async def _agents(stop):
+        return await play(await wait_for_gateway(run_dir, timeout=600), stop, workers=6, turns=2, pause_s=0.1)
+
+    run, result, played = asyncio.run(main())
+    assert (result.steps, result.policy_version) == (3, 3)
+    books = run.staleness.stats()
+    assert books.trained == 12 and books.started == books.trained + books.dropped + books.pending
+    by_sid = {p.sid: p for p in played}
+    for traj in trained:
+        p = by_sid[traj.metadata["session_id"]]
+        action = [i for i, m in enumerate(traj.action_mask) if m]
+        assert [traj.token_ids[i] for i in action] == p.token_ids
+        assert [traj.rollout_logprobs[i] for i in action] == p.logprobs
+        assert [traj.versions[i] for i in action] == p.versions
