@@ -289,6 +289,12 @@ def test_a_reward_may_come_from_the_runs_verifier(tiny_moe_dir, tiny_tokenizer):
         r = await client.post("/v1/sessions/w/reward", json={"task_id": tasks[1].id})
         assert r.status_code == 200
         assert [t[1][0].prompt_id for t in hooks.sessions] == [tasks[0].id, tasks[1].id]
+        # A reward given by the agent may name the task too: it becomes the trajectory's prompt id.
+        assert (await _chat(client, "x", user)).status_code == 200
+        r = await client.post("/v1/sessions/x/reward", json={"reward": 1.0, "task_id": tasks[0].id})
+        assert r.status_code == 200
+        [traj] = hooks.sessions[-1][1]
+        assert traj.prompt_id == traj.metadata["task_id"] == tasks[0].id and traj.rewards == [1.0]
         await engine.close()
 
     asyncio.run(main())

@@ -107,7 +107,7 @@ class _Recorder:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.session.branches[-1].token_ids) if self.session.branches else 0
+        return self.session.num_tokens
 
     def _where(self, offset: int) -> str:
         return next((name for start, name in reversed(self.parts) if start <= offset), "prompt")

@@ -40,6 +40,8 @@ from .staleness import StalenessManager
 __all__ = ["GatewaySource"]
 
 _PRETRAIN, _TRAIN = "pretrain", "train"
+# How an admitted session ends (besides still being open): ``sessions/<end>`` counters.
+_ENDS = ("rewarded", "truncated", "abandoned", "discarded", "lost_on_resume")
 
 
 @dataclass
@@ -145,8 +147,7 @@ class GatewaySource:
         """Sessions by outcome: ``admitted = rewarded + truncated + abandoned + discarded + open``
         (pretraining sessions included; ``lost_on_resume``: open when the checkpoint was written)."""
         c = self.counters
-        keys = ("admitted", "rewarded", "truncated", "abandoned", "discarded", "lost_on_resume")
-        return {**{k: c[f"sessions/{k}"] for k in keys}, "open": len(self._open)}
+        return {**{k: c[f"sessions/{k}"] for k in ("admitted", *_ENDS)}, "open": len(self._open)}
 
     def state_dict(self) -> dict[str, int]:
         return dict(self.counters)
@@ -155,10 +156,7 @@ class GatewaySource:
         """Restore the counters; sessions open in the old process are gone (``sessions/lost_on_resume``)."""
         self.counters = Counter({str(k): int(v) for k, v in state.items()})
         books = self.session_books()
-        resolved = sum(
-            books[k] for k in ("rewarded", "truncated", "abandoned", "discarded", "lost_on_resume")
-        )
-        self.counters["sessions/lost_on_resume"] += books["admitted"] - resolved
+        self.counters["sessions/lost_on_resume"] += books["admitted"] - sum(books[k] for k in _ENDS)
 
     # ---- SessionHooks -----------------------------------------------------------------------------------
 

@@ -56,15 +56,15 @@ class WeightPush:
 class Books:
     """Trajectory accounting after a step, and the runtime metrics derived from it."""
 
-    def __init__(self, staleness: Any, producer: Any, queue: Any, engine: Any) -> None:
-        self.staleness, self.producer, self.queue, self.engine = staleness, producer, queue, engine
+    def __init__(self, staleness: Any, sources: Any, queue: Any, engine: Any) -> None:
+        self.staleness, self.sources, self.queue, self.engine = staleness, sources, queue, engine
         self.started_at = time.monotonic()
         self.waited = 0.0
 
     async def on_step(self, record: StepRecord) -> None:
         n = record.batch.num_sequences
         self.staleness.on_trained(n)
-        self.producer.notify_trained()
+        self.sources.notify_trained()
         self.waited += record.wait_s
         busy = max(record.wait_s + record.train_s, 1e-9)
         s = self.staleness.stats()
@@ -76,7 +76,7 @@ class Books:
                 "runtime/trainer_idle_frac": self.waited / max(time.monotonic() - self.started_at, 1e-9),
                 "runtime/wait_s": record.wait_s,
                 "runtime/train_s": record.train_s,
-                "runtime/in_flight": float(self.producer.in_flight),
+                "runtime/in_flight": float(self.sources.in_flight),
                 "runtime/engine_running": engine.get("running", float("nan")),
                 "runtime/engine_idle_frac": engine.get("idle_fraction", float("nan")),
                 "runtime/queue_size": float(self.queue.qsize()),
@@ -88,9 +88,7 @@ class Books:
             }
         )
         record.metrics.update({f"runtime/dropped/{k}": float(v) for k, v in s.drops_by_reason.items()})
-        metrics = getattr(self.producer, "metrics", None)  # the gateway's session books, when it has one
-        if metrics is not None:
-            record.metrics.update(metrics())
+        record.metrics.update(self.sources.metrics())  # the gateway's session books, when there is one
 
 
 class MetricsLog:

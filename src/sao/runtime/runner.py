@@ -34,8 +34,9 @@ import asyncio
 import contextlib
 import dataclasses
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
@@ -59,6 +60,8 @@ from .sampler import PromptSampler
 from .sources import Sources
 from .staleness import StalenessManager
 from .weight_sync import InprocSync
+
+T = TypeVar("T")
 
 __all__ = ["EngineStartError", "Run", "RunResult", "RunStopped", "train", "train_sync_entry"]
 
@@ -257,8 +260,9 @@ class Run:
         gw, pre = self.parts["gateway"], self.parts["value_pretrain"]
         g = gw.gateway
         # Value pretraining needs rollouts of the initial policy: with no built-in producer, the agents'.
-        pretrain = self.loaded is None and gw.source == "gateway" and self.parts["critic"].enabled
-        pretrain = pretrain and pre.enabled
+        pretrain = (
+            self.loaded is None and gw.source == "gateway" and self.parts["critic"].enabled and pre.enabled
+        )
         self.gateway_source = GatewaySource(
             self.staleness, self.queue, self.clock, group_size=gw.group_size, admission=g.admission,
             admission_timeout_s=g.admission_timeout_s, retry_after_s=g.retry_after_s,
@@ -312,7 +316,7 @@ class Run:
                 f"value pretraining: waiting for {args.options.corpus_size} sessions of the initial policy "
                 "through the gateway", markup=False, highlight=False, soft_wrap=True,
             )  # fmt: skip
-            corpus = await self._pretrain_sessions()
+            corpus = await self._unless_failed(self.gateway_source.pretrain_corpus())
         else:
             corpus = await collect_rollouts(
                 self.engine, self.tokenizer, self.env_factory, self.tasks, args.options.corpus_size,
@@ -328,16 +332,6 @@ class Run:
             "value_pretrain/steps": float(result.steps),
             "value_pretrain/best_ev": result.best_ev,
         }
-
-    async def _pretrain_sessions(self) -> list[Trajectory]:
-        """The gateway's pretraining corpus, unless a component fails first (its error is raised)."""
-        assert self.gateway_source is not None and self._failure is not None
-        collecting = asyncio.ensure_future(self.gateway_source.pretrain_corpus())
-        await asyncio.wait({collecting, self._failure}, return_when=asyncio.FIRST_COMPLETED)
-        if collecting.done():
-            return collecting.result()
-        collecting.cancel()
-        raise self._failure.result()
 
     async def _restore(self) -> None:
         from sao.train.checkpoint import restore_rng
@@ -457,14 +451,20 @@ class Run:
 
     async def _next_group(self) -> list[Trajectory]:
         """The next finished group, unless a component failed first (its error is raised)."""
+        return await self._unless_failed(self.queue.get())
+
+    async def _unless_failed(self, coro: Coroutine[Any, Any, T]) -> T:
+        """``coro``'s result, unless a component fails first: then its error is raised (and ``coro``
+        cancelled)."""
         assert self._failure is not None
         if self._failure.done():
+            coro.close()  # never started
             raise self._failure.result()
-        getting = asyncio.ensure_future(self.queue.get())
-        await asyncio.wait({getting, self._failure}, return_when=asyncio.FIRST_COMPLETED)
-        if getting.done():
-            return getting.result()
-        getting.cancel()
+        waiting = asyncio.ensure_future(coro)
+        await asyncio.wait({waiting, self._failure}, return_when=asyncio.FIRST_COMPLETED)
+        if waiting.done():
+            return waiting.result()
+        waiting.cancel()
         raise self._failure.result()
 
     async def _train_one(self) -> StepRecord:

@@ -57,8 +57,7 @@ class StalenessManager:
     def try_start(self, n: int = 1) -> bool:
         """Reserve ``n`` episode starts (a group starts together); False when over capacity."""
         with self._lock:
-            pending = self._started - self._trained - sum(self._drops.values())
-            if pending + n > self.capacity:
+            if self._pending() + n > self.capacity:
                 return False
             self._started += n
             return True
@@ -73,10 +72,14 @@ class StalenessManager:
         """Give back ``n`` reserved starts that never began (a gateway session whose first request failed
         before anything was recorded): as if `try_start` had not been called for them."""
         with self._lock:
-            pending = self._started - self._trained - sum(self._drops.values())
+            pending = self._pending()
             if n > pending:
                 raise ValueError(f"cannot cancel {n} starts: only {pending} are pending")
             self._started -= n
+
+    def _pending(self) -> int:
+        """Started, not yet trained or dropped (call with the lock held)."""
+        return self._started - self._trained - sum(self._drops.values())
 
     def should_drop(self, oldest_version: int, current_version: int) -> bool:
         """Whether a finished trajectory is too stale to train under the drop rule."""
@@ -115,6 +118,6 @@ class StalenessManager:
             self._started = int(state["started"])  # type: ignore[arg-type]
             self._trained = int(state["trained"])  # type: ignore[arg-type]
             self._drops = Counter({str(k): int(v) for k, v in dict(state["drops"]).items()})  # type: ignore[arg-type]
-            lost = self._started - self._trained - sum(self._drops.values())
+            lost = self._pending()
             if lost > 0:
                 self._drops["lost_on_resume"] += lost

@@ -214,10 +214,9 @@ def create_app(
         data = {"id": model_name, "object": "model", "owned_by": "sao", "max_model_len": context}
         return {"object": "list", "data": [data]}
 
-    def _reply(text: str, gen: Generation, with_tools: bool) -> dict[str, Any]:
+    def _reply(text: str, with_tools: bool) -> dict[str, Any]:
         """The assistant message of a generation: eos stripped, tool calls split off when tools were given."""
-        eos_text = tokenizer.eos_token or ""
-        visible = text[: -len(eos_text)] if eos_text and text.endswith(eos_text) else text
+        visible = text.removesuffix(tokenizer.eos_token or "")
         content, tool_calls = split_tool_calls(visible) if with_tools else (visible, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
@@ -227,12 +226,6 @@ def create_app(
     async def _chat(req: ChatRequest, named: str | None, group_id: str | None, task_id: str | None) -> dict:
         messages = normalize_messages(req.messages)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        replies: list[dict[str, Any]] = []
-
-        def reply(text: str, gen: Generation) -> dict[str, Any]:
-            replies.append(_reply(text, gen, bool(req.tools)))
-            return replies[-1]
-
         closed = None
         if named is None:  # unnamed requests (e.g. a judge) are served but not recorded, under no rules
             params = sampling_params(req, max_tokens, default_max_tokens, eos)
@@ -243,15 +236,14 @@ def create_app(
                 raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
             with gate.slot():
                 gen = await _generate(prompt_ids, params)
-            text = tokenizer.decode(gen.token_ids, skip_special_tokens=False)
-            reply(text, gen)
+            message = _reply(tokenizer.decode(gen.token_ids, skip_special_tokens=False), bool(req.tools))
         else:
             params = sampling_params(req, max_tokens, default_max_tokens, eos, rules)
             result = await turns.chat(
-                named, messages, req.tools, params, group_id=group_id, task_id=task_id, reply=reply
-            )
-            prompt_ids, gen, closed = result.prompt_ids, result.gen, result.closed
-        message = replies[-1]
+                named, messages, req.tools, params, group_id=group_id, task_id=task_id,
+                reply=lambda text: _reply(text, bool(req.tools)),
+            )  # fmt: skip
+            prompt_ids, gen, message, closed = result.prompt_ids, result.gen, result.message, result.closed
         finish = "tool_calls" if message.get("tool_calls") else gen.finish_reason
         out: dict[str, Any] = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -339,9 +331,7 @@ def create_app(
         if req.reward is not None and req.rewards is not None:
             raise HTTPException(400, "give at most one of 'reward' (outcome) and 'rewards' (per turn)")
         given = [req.reward] if req.reward is not None else req.rewards
-        trajs = await turns.reward(
-            session_id, given, req.task_id, req.metadata, limits.session_idle_timeout_s
-        )
+        trajs = await turns.reward(session_id, given, req.task_id, req.metadata)
         return {
             "session_id": session_id,
             "trajectories": [

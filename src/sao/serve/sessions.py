@@ -239,9 +239,11 @@ class ChatSession:
 
     def note_reply(self, message: Mapping[str, Any], generated: str) -> None:
         """Remember the reply of the latest turn as the client got it (``message``: role, content, maybe
-        ``tool_calls``) and the text that was generated for it (end-of-turn token stripped), so an echo of
-        ``message`` is rendered as ``generated`` (see the module docstring)."""
-        self.branches[-1].replies.append((reply_signature(message), generated))
+        ``tool_calls``) and the text that was generated for it (`record_generation`'s), so an echo of
+        ``message`` is rendered as ``generated`` without its end-of-turn token, which the template adds
+        (see the module docstring)."""
+        content = generated.removesuffix(self.tokenizer.eos_token or "")
+        self.branches[-1].replies.append((reply_signature(message), content))
 
     @property
     def num_tokens(self) -> int:

@@ -35,12 +35,12 @@ __all__ = ["SessionTurns", "TurnResult"]
 
 @dataclass
 class TurnResult:
-    """A served request: the prompt it generated from, the generation, its decoded text, and ``closed``
-    (why the gateway closed the session after it, e.g. ``"truncated"``; None: still open)."""
+    """A served request: the prompt it generated from, the generation, the assistant message the client
+    gets, and ``closed`` (why the gateway closed the session after it, e.g. ``"truncated"``; None: open)."""
 
     prompt_ids: list[int]
     gen: Generation
-    text: str
+    message: dict[str, Any]
     closed: str | None = None
 
 
@@ -83,10 +83,10 @@ class SessionTurns:
         *,
         group_id: str | None,
         task_id: str | None,
-        reply: Callable[[str, Generation], dict[str, Any]],
+        reply: Callable[[str], dict[str, Any]],
     ) -> TurnResult:
-        """Serve one request of session ``named``; ``reply(text, gen)`` builds the assistant message the
-        client gets (remembered so an echo of it renders as generated)."""
+        """Serve one request of session ``named``; ``reply(text)`` builds the assistant message the client
+        gets from the generated text (remembered so an echo of it renders as generated)."""
         self.registry.sweep()
         entry = self.registry.open(named)
         try:
@@ -138,7 +138,7 @@ class SessionTurns:
         messages: list[dict[str, Any]],
         tools: list[Any] | None,
         params: SamplingParams,
-        reply: Callable[[str, Generation], dict[str, Any]],
+        reply: Callable[[str], dict[str, Any]],
     ) -> tuple[TurnResult | None, list[Trajectory], LimitExceededError | None]:
         """The request under the session's lock: (its result, the trajectories of a session it closed, a
         refusal to raise once those are emitted)."""
@@ -168,12 +168,11 @@ class SessionTurns:
             gen = await self.generate(prompt_ids, params)
             session.commit(plan)
             text = session.record_generation(gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason)
-            message = reply(text, gen)
-            eot = getattr(session.tokenizer, "eos_token", None) or ""
-            session.note_reply(message, text[: -len(eot)] if eot and text.endswith(eot) else text)
+            message = reply(text)
+            session.note_reply(message, text)
             session.messages = [*messages, message]
             closed: list[Trajectory] = []
-            result = TurnResult(prompt_ids, gen, text)
+            result = TurnResult(prompt_ids, gen, message)
             if budget is not None and gen.finish_reason == "length" and session.num_tokens >= budget:
                 closed = self._truncate(entry, budget)
                 result.closed = "truncated"
@@ -218,7 +217,6 @@ class SessionTurns:
         rewards: list[float] | None,
         task_id: str | None,
         metadata: dict[str, Any],
-        idle_timeout_s: float,
     ) -> list[Trajectory]:
         """Close ``session_id`` with ``rewards`` (None: the verifier scores it) and emit its trajectories.
         A reward that cannot be applied (invalid, the verifier failed) leaves the session open."""
@@ -226,7 +224,7 @@ class SessionTurns:
         registry.sweep()
         entry = registry.get(session_id)
         if entry is None:
-            raise self._not_open(session_id, idle_timeout_s)
+            raise self._not_open(session_id)
         registry.hold(entry)
         try:
             async with entry.lock:
@@ -237,14 +235,14 @@ class SessionTurns:
                     rewards = [await self._verify(session, task_id)]
                 if not registry.pop(entry):
                     raise HTTPException(404, f"session {session_id!r} was closed while this reward waited")
+                named_task = session.task_id
+                session.task_id = session.task_id or task_id  # the trajectories' prompt id and task_id
                 try:
-                    meta = {"model": self.model_name, **metadata}
-                    if task_id is not None or session.task_id is not None:
-                        meta["task_id"] = session.task_id or task_id
-                    trajs = session.trajectories(rewards, meta)
+                    trajs = session.trajectories(rewards, {"model": self.model_name, **metadata})
                     for traj in trajs:
                         traj.validate()
                 except ValueError as err:
+                    session.task_id = named_task
                     registry.restore(entry)  # keep it: the client can retry with a valid reward
                     raise HTTPException(400, f"cannot close session {session_id!r}: {err}") from None
         finally:
@@ -266,19 +264,17 @@ class SessionTurns:
         if session.task_id is not None and task_id is not None and task_id != session.task_id:
             raise HTTPException(400, f"session {sid!r} plays task {session.task_id!r}, not {task_id!r}")
         try:
-            reward = float(await self.verifier(task, session.messages))
+            return float(await self.verifier(task, session.messages))
         except VerifierError as err:
             raise HTTPException(400, f"session {sid!r}: cannot verify: {err}") from None
-        session.task_id = task  # the trajectory's prompt id
-        return reward
 
-    def _not_open(self, session_id: str, idle_timeout_s: float) -> HTTPException:
+    def _not_open(self, session_id: str) -> HTTPException:
         registry = self.registry
         if registry.was_abandoned(session_id):
             return HTTPException(
                 404,
-                f"session {session_id!r} was closed as abandoned after {idle_timeout_s:g} s idle; its turns "
-                "were dropped, not emitted",
+                f"session {session_id!r} was closed as abandoned after {registry.idle_timeout_s:g} s idle; "
+                "its turns were dropped, not emitted",
             )
         why = registry.closed_why(session_id)
         if why is not None:
