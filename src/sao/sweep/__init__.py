@@ -1,0 +1,1 @@
+"""Seeded sweeps of arms x seeds, their aggregation and reports (`sao sweep`, `sao report`, `sao compare`)."""
