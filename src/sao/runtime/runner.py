@@ -93,6 +93,8 @@ class Run:
         self.actor: Any = None  # the local runtime's models (with ray they live in the trainer ranks)
         self.critic: Any = None
         self._failure: asyncio.Future[BaseException] | None = None
+        self._started = time.monotonic()
+        self._elapsed_before = 0.0  # seconds the run had trained before a resume (from its checkpoint)
         self.producer: Producer | None = None
         self.gateway_source: GatewaySource | None = None
         self.gateway: RunGateway | None = None
@@ -349,6 +351,7 @@ class Run:
         self.clock.version = int(loaded.policy_version or 0)
         self.clock.step = self.trainer.step
         self.clock.trained = self.staleness.stats().trained
+        self._elapsed_before = float(loaded.counters.get("elapsed_s", 0.0))
         await self.sync.push(self.clock.version)
         restore_rng(loaded.rng)
 
@@ -384,7 +387,7 @@ class Run:
         )  # fmt: skip
 
     def _counters_state(self) -> dict[str, Any]:
-        counters: dict[str, Any] = {"staleness": self.staleness.state_dict()}
+        counters: dict[str, Any] = {"staleness": self.staleness.state_dict(), "elapsed_s": self.elapsed_s()}
         if self.producer is not None:
             counters["producer"] = dict(self.producer.counters)
         if self.gateway_source is not None:
@@ -399,7 +402,7 @@ class Run:
         producing = asyncio.create_task(self.sources.run())
         try:
             if self.pre_metrics:
-                self.sinks.log(0, self.pre_metrics)
+                self.sinks.log(0, {**self.pre_metrics, "runtime/elapsed_s": self.elapsed_s()})
             self.evaluator.on_start()
             async with self._timeline():
                 await self._steps()
@@ -420,6 +423,7 @@ class Run:
             while self.trainer.step < self.parts["loop"].total_steps:
                 try:
                     record = await self._train_one()
+                    record.metrics["runtime/elapsed_s"] = self.elapsed_s()
                     await self._observe(record)
                 except (EngineFailedError, NothingTrainableError, TrainingDiverged) as err:
                     raise self._stop_cleanly(err) from err
@@ -438,6 +442,11 @@ class Run:
                     await self.books.on_step(record)
                 raise
             done.append(observer)
+
+    def elapsed_s(self) -> float:
+        """Wall seconds of this run since its start (value pretraining included), summed over resumes: the
+        time a checkpoint recorded plus the time since this process started the run."""
+        return self._elapsed_before + time.monotonic() - self._started
 
     def _stop_cleanly(self, err: BaseException) -> RunStopped:
         """Checkpoint the last trained step (the weights a skipped step left untouched) and say why."""
