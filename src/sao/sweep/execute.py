@@ -1,0 +1,305 @@
+"""Running a sweep's planned runs: each in its own run dir, a bounded number at once, restartable.
+
+Each run is ``python -m sao train BASE OVERRIDES... logging.run_dir=DIR name=ARM`` in a child process
+(its output in ``DIR/train.log``), with ``OMP_NUM_THREADS = cores // jobs`` unless the caller set it.
+When a run ends, ``DIR/sweep.json`` records its outcome:
+
+- ``done``: exit 0, the run trained its ``trainer.total_steps``;
+- ``stopped``: exit 3, the run stopped itself (training diverged, the engine could not be kept alive);
+  its metrics up to there are part of the results;
+- ``failed``: any other exit (a bad config, a crash); see ``train.log``.
+
+A later `run_sweep` skips runs with an outcome (``retry_failed`` reruns ``failed`` ones), resumes a run
+that was interrupted (a run dir with a checkpoint and no outcome: ``sao train --resume``) and restarts one
+interrupted before its first checkpoint. Interrupting the sweep (Ctrl-C) terminates the running children
+without an outcome, so the next `run_sweep` resumes them.
+
+``in_process=True`` trains the runs one after another in this process instead (no per-run start-up cost:
+the smoke tests use it); the outcome files are the same.
+
+Owns: launching, the outcome file, skip/resume. Does not own: what a run trains (`sao train`) or the
+report (`sao.sweep.report`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from .spec import PlannedRun, SweepSpec
+
+__all__ = ["STATUS_FILE", "Outcome", "read_outcome", "run_state", "run_sweep"]
+
+STATUS_FILE = "sweep.json"
+LOG_FILE = "train.log"
+_STOPPED_RC = 3  # `sao train`: the run stopped itself cleanly (RunStopped)
+
+State = Literal["new", "interrupted", "running", "done", "stopped", "failed"]
+_LOCK = ".sweep.lock"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``sweep.json`` holds: how a run ended and what it cost."""
+
+    status: Literal["done", "stopped", "failed"]
+    returncode: int
+    wall_s: float  # summed over attempts (a resumed run adds its attempts)
+    attempts: int
+    arm: str
+    seed: int
+    command: list[str]
+    error: str = ""
+
+
+def read_outcome(run_dir: Path) -> Outcome | None:
+    """The run's outcome, or None (never finished, or an unreadable file)."""
+    try:
+        data = json.loads((run_dir / STATUS_FILE).read_text())
+        return Outcome(**{**data, "command": list(data.get("command", []))})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def run_state(run_dir: Path) -> State:
+    """``new`` (nothing there), ``running`` (a sweep holds its lock), ``interrupted`` (a run dir without an
+    outcome) or the outcome's status."""
+    outcome = read_outcome(run_dir)
+    if outcome is not None:
+        return outcome.status
+    if not (run_dir.exists() and any(run_dir.iterdir())):
+        return "new"
+    with _locked(run_dir) as held:
+        return "interrupted" if held else "running"
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path):  # type: ignore[no-untyped-def]
+    """Hold the run dir's lock (True) or learn that another sweep holds it (False): two sweeps sharing a run
+    never train it twice at once."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / _LOCK).open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    from sao.train.checkpoint import CheckpointManager
+
+    return CheckpointManager(run_dir).latest() is not None
+
+
+def _train_command(spec: SweepSpec, run: PlannedRun, resume: bool) -> list[str]:
+    base = [spec.base] if spec.base else []
+    return [
+        sys.executable,
+        "-m",
+        "sao",
+        "train",
+        *base,
+        *run.command_overrides(),
+        *(["--resume"] if resume else []),
+    ]
+
+
+_ATTEMPTS = ".sweep_attempts.jsonl"  # one line per attempt: {"wall_s": ...}, so a resumed run adds up
+
+
+def _note_attempt(run_dir: Path, wall_s: float) -> None:
+    with (run_dir / _ATTEMPTS).open("a") as f:
+        f.write(json.dumps({"wall_s": wall_s}) + "\n")
+
+
+def _attempt_lines(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in (run_dir / _ATTEMPTS).read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def _finish(run: PlannedRun, status: str, rc: int, wall_s: float, command: list[str], error: str) -> Outcome:
+    """Note this attempt and write the outcome (its wall time summed over every attempt)."""
+    _note_attempt(run.run_dir, wall_s)
+    attempts = _attempt_lines(run.run_dir)
+    total = sum(float(a.get("wall_s", 0.0)) for a in attempts)
+    outcome = Outcome(status, rc, total, len(attempts), run.arm, run.seed, command, error)  # type: ignore[arg-type]
+    tmp = run.run_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps(asdict(outcome), indent=1))
+    tmp.replace(run.run_dir / STATUS_FILE)
+    return outcome
+
+
+class _Children:
+    """The running child processes, so an interrupt can terminate them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: set[subprocess.Popen[bytes]] = set()
+        self.stopping = False
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.add(proc)
+
+    def discard(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._procs.discard(proc)
+
+    def terminate_all(self) -> None:
+        self.stopping = True
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _prepare(run: PlannedRun) -> bool:
+    """Make the run dir ready (its lock held); True when the run resumes from a checkpoint. A run without a
+    checkpoint (interrupted before its first, or a failed one retried) starts again from an empty dir; the
+    attempts file stays, so the outcome's wall time counts every attempt."""
+    if read_outcome(run.run_dir) is None and _has_checkpoint(run.run_dir):
+        return True
+    for entry in run.run_dir.iterdir():
+        if entry.name in (_LOCK, _ATTEMPTS):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    return False
+
+
+def _run_child(spec: SweepSpec, run: PlannedRun, threads: int, children: _Children) -> Outcome | None:
+    resume = _prepare(run)
+    command = _train_command(spec, run, resume)
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    t0 = time.monotonic()
+    with (run.run_dir / LOG_FILE).open("ab") as log:
+        log.write(f"$ {' '.join(command)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        children.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            children.discard(proc)
+    wall = time.monotonic() - t0
+    if children.stopping:
+        _note_attempt(run.run_dir, wall)
+        return None  # interrupted: no outcome, the next sweep resumes it
+    status = "done" if rc == 0 else "stopped" if rc == _STOPPED_RC else "failed"
+    error = "" if rc == 0 else _log_tail(run.run_dir / LOG_FILE)
+    return _finish(run, status, rc, wall, command, error)
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def _run_in_process(spec: SweepSpec, run: PlannedRun) -> Outcome:
+    from sao.runtime.runner import RunStopped, train_sync_entry
+
+    resume = _prepare(run)
+    command = _train_command(spec, run, resume)
+    t0 = time.monotonic()
+    status, rc, error = "done", 0, ""
+    try:
+        train_sync_entry(run.config, resume=resume)
+    except RunStopped as err:
+        status, rc, error = "stopped", _STOPPED_RC, str(err)
+    except Exception as err:
+        status, rc, error = "failed", 1, f"{type(err).__name__}: {err}"
+    return _finish(run, status, rc, time.monotonic() - t0, command, error)
+
+
+def run_sweep(
+    spec: SweepSpec,
+    runs: list[PlannedRun],
+    *,
+    jobs: int | None = None,
+    retry_failed: bool = False,
+    in_process: bool = False,
+    on_event: Callable[[str, PlannedRun, Outcome | None], None] | None = None,
+) -> dict[str, list[PlannedRun]]:
+    """Run what is not finished; returns the runs by state after the sweep (``done``, ``stopped``,
+    ``failed``, ``skipped``: finished before). ``on_event(kind, run, outcome)`` is called with ``start``,
+    ``skip`` and ``end``. Runs sharing a run dir (equal configs) run once."""
+    jobs = 1 if in_process else (jobs or spec.jobs)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    notify = on_event or (lambda *_: None)
+    unique: dict[Path, PlannedRun] = {}
+    for run in runs:
+        unique.setdefault(run.run_dir, run)
+    todo: list[PlannedRun] = []
+    result: dict[str, list[PlannedRun]] = {"done": [], "stopped": [], "failed": [], "skipped": []}
+    for run in unique.values():
+        state = run_state(run.run_dir)
+        if state in ("done", "stopped", "running") or (state == "failed" and not retry_failed):
+            result["skipped"].append(run)
+            notify("skip", run, read_outcome(run.run_dir))
+        else:
+            todo.append(run)
+
+    def one(run: PlannedRun) -> Outcome | None:
+        if children.stopping:
+            return None
+        with _locked(run.run_dir) as held:
+            before = read_outcome(run.run_dir)
+            if not held or (before is not None and not (retry_failed and before.status == "failed")):
+                # another sweep is running it, or finished it meanwhile
+                result["skipped"].append(run)
+                notify("skip", run, read_outcome(run.run_dir))
+                return None
+            notify("start", run, None)
+            outcome = _run_in_process(spec, run) if in_process else _run_child(spec, run, threads, children)
+        if outcome is not None:
+            result[outcome.status].append(run)
+            notify("end", run, outcome)
+        return outcome
+
+    children = _Children()
+    if in_process:
+        for run in todo:
+            one(run)
+        return result
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(one, run) for run in todo]
+        for future in futures:
+            future.result()
+    except BaseException:
+        children.terminate_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return result
