@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
+import runpy
+import sys
+from collections import Counter
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,8 +16,9 @@ import pytest
 from conftest import free_port
 from sao.envs import make_env
 from sao.envs.base import Task, TrainingProgress, notify_training_progress
-from sao.envs.judges import LLMJudge, RuleJudge, Verdict, parse_judge_answer
-from sao.envs.style_shift import OPTIMAL_SCORE, StyleSchedule, StyleShiftEnv, make_tasks
+from sao.envs.judges import STYLES, LLMJudge, RuleJudge, Verdict, parse_judge_answer
+from sao.envs.sft_data import PLAIN, STYLE_TEMPLATES, main, style_conversations, style_reply
+from sao.envs.style_shift import OPTIMAL_SCORE, TOPICS, StyleSchedule, StyleShiftEnv, make_tasks
 
 GOOD = {  # one reply per style that the rule judge accepts, for the topic "cat"
     "cute": "The cat is so fluffy~",
@@ -314,3 +320,94 @@ def test_llm_judge_reports_an_unreachable_server_as_judge_error():
     judge = LLMJudge(f"http://127.0.0.1:{free_port()}", "sao", timeout_s=5)
     verdict = asyncio.run(judge.grade("cat", "cute", "x"))
     assert verdict.reward == 0.0 and verdict.error.startswith("judge request failed")
+
+
+# --- the SFT warm-start data ------------------------------------------------------------------------
+
+
+def _style_of(text: str) -> str:
+    """The one style whose markers ``text`` carries, or plain (the generator never mixes styles)."""
+    found = RuleJudge().styles_of(text)
+    assert len(found) <= 1, text
+    return next(iter(found), PLAIN)
+
+
+def test_every_style_template_passes_quality_with_its_own_markers_only_for_every_topic():
+    judge = RuleJudge()
+    for style, templates in STYLE_TEMPLATES.items():
+        assert len(templates) >= 6 and len(set(templates)) == len(templates)
+        for topic in TOPICS:
+            for template in templates:
+                text = template.format(t=topic)
+                for wanted in STYLES:
+                    verdict = judge.grade_sync(topic, wanted, text)
+                    assert verdict.quality, (text, verdict.details)
+                    assert verdict.style is (wanted == style), (text, wanted)
+
+
+def test_bad_style_replies_fail_quality_and_keep_their_style():
+    rng = random.Random(0)
+    for _ in range(300):
+        style, topic = rng.choice(list(STYLE_TEMPLATES)), rng.choice(TOPICS)
+        text = style_reply(rng, topic, style, bad=True)
+        assert RuleJudge().quality_problems(topic, text) and _style_of(text) == style
+
+
+def test_style_conversations_are_the_envs_messages_deterministic_and_mixed_by_weight():
+    convs = style_conversations(400, seed=3)
+    assert convs == style_conversations(400, seed=3) and convs != style_conversations(400, seed=4)
+    tasks = make_tasks(400, seed=3)
+    for task, messages in zip(tasks, convs, strict=True):
+        assert messages[0] == {"role": "user", "content": task.prompt}
+        assert len(messages) == 2 and messages[1]["role"] == "assistant"
+    counts = Counter(_style_of(c[-1]["content"]) for c in convs)
+    assert set(counts) == {*STYLES, PLAIN} and all(65 <= n <= 135 for n in counts.values())  # 100 each
+    replies = {c[-1]["content"] for c in convs}
+    assert len(replies) > 150  # many templates and topics, not one string per style
+    skewed = Counter(
+        _style_of(c[-1]["content"]) for c in style_conversations(400, 0, {"classical": 3, "cute": 1})
+    )
+    assert set(skewed) == {"classical", "cute"} and 250 <= skewed["classical"] <= 350
+    with pytest.raises(ValueError, match="unknown styles"):
+        style_conversations(4, style_weights={"gothic": 1.0})
+
+
+def test_style_conversations_earn_reward_only_in_the_preferred_style_and_bad_frac_fails_quality():
+    convs = style_conversations(400, seed=0)
+    tasks = make_tasks(400, seed=0)
+    judge = RuleJudge()
+    bad = 0
+    for wanted in STYLES:
+        env = StyleShiftEnv(schedule=[(0, "cute"), (1000, "chuunibyou"), (2000, "classical")])
+        env.set_episode(1000 * STYLES.index(wanted))
+        for task, messages in zip(tasks, convs, strict=True):
+            text = messages[-1]["content"]
+            good = not judge.quality_problems(task.metadata["topic"], text)
+            result = episode(env, text, task)[1]
+            assert result.info["style"] == wanted and result.info["quality"] is good
+            assert result.reward == (1.0 if good and _style_of(text) == wanted else 0.0)
+            bad += wanted == "cute" and not good
+    assert 20 <= bad <= 65  # bad_frac = 0.1 of 400
+    assert all(
+        judge.quality_problems(t.metadata["topic"], c[-1]["content"])
+        for t, c in zip(make_tasks(50, seed=1), style_conversations(50, seed=1, bad_frac=1.0), strict=True)
+    )
+    assert not any(
+        judge.quality_problems(t.metadata["topic"], c[-1]["content"])
+        for t, c in zip(make_tasks(50, seed=1), style_conversations(50, seed=1, bad_frac=0.0), strict=True)
+    )
+
+
+def test_style_chats_cli_and_example_write_the_generators_jsonl(tmp_path, monkeypatch, capsys):
+    from sao.train.sft import load_chat_jsonl
+
+    main(["style_shift", "--n", "12", "--seed", "2", "--out", str(tmp_path / "cli.jsonl")])
+    assert [m for m, _ in load_chat_jsonl(tmp_path / "cli.jsonl")] == style_conversations(12, seed=2)
+    out = tmp_path / "chats.jsonl"
+    script = Path(__file__).resolve().parents[2] / "examples" / "make_style_chats.py"
+    argv = [str(script), "--n", "20", "--seed", "5", "--bad-frac", "0.5", "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    assert f"wrote 20 conversations to {out}" in capsys.readouterr().out
+    assert [m for m, _ in load_chat_jsonl(out)] == style_conversations(20, seed=5, bad_frac=0.5)
+    assert json.loads(out.read_text(encoding="utf-8").splitlines()[0]).keys() == {"messages"}
