@@ -70,6 +70,25 @@ $(QS)/sft/config.json: | install
 	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
 		--batch-size 32 --eval-every 250
 
+# The paper's claims at small scale (docs/results.md): the warm starts, then every spec under experiments/
+# (`sao sweep`: finished runs are skipped, interrupted ones resumed; each writes its report under
+# docs/results/). Hours on 2 cores: `make experiments EXPERIMENTS=c3_k_critic` runs one.
+EXP ?= runs/experiments
+EXPERIMENTS ?= c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
+	c6_step_gae c2_staleness c7_style_shift
+.PHONY: experiments experiments-prep
+experiments-prep: install $(QS)/sft/config.json $(EXP)/style/sft/config.json
+
+experiments: experiments-prep
+	for e in $(EXPERIMENTS); do $(BIN)/sao sweep experiments/$$e.yaml || exit 1; done
+
+# C7's warm start: one-sentence answers in a mix of styles (cute, chuunibyou, classical, plain).
+$(EXP)/style/sft/config.json: | install
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(EXP)/style/base
+	$(BIN)/python examples/make_style_chats.py --n 4000 --out $(EXP)/style/chats.jsonl
+	$(BIN)/sao sft --model $(EXP)/style/base --data $(EXP)/style/chats.jsonl --out $(EXP)/style/sft --steps 600 \
+		--lr 3e-3 --batch-size 32 --eval-every 200
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/ruff format --check src tests benchmarks examples
