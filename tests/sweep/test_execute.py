@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from sao.cli import app
 from sao.sweep.execute import STATUS_FILE, read_outcome, run_state, run_sweep
-from sao.sweep.spec import SweepSpec, plan_runs
+from sao.sweep.spec import SweepSpec, load_spec, plan_runs
 
 TINY = [
     "model.tiny_arch=qwen3_moe", "model.dtype=float32", "model.device=cpu",
@@ -110,3 +110,73 @@ def test_sweep_report_and_compare_commands(tmp_path):
     assert "| rm |" in (tmp_path / "cmp" / "report.md").read_text()
     bad = runner.invoke(app, ["sweep", str(spec_path), "algo.k_critc=3", "--dry-run"])
     assert bad.exit_code == 2 and "k_critc" in bad.output
+
+
+USER_ENV = '''
+from sao.envs.base import StepResult
+
+
+class LetterEnv:
+    """One turn: reward 1 when the reply contains an 'a'."""
+
+    max_turns = 1
+
+    async def reset(self, task):
+        return [{"role": "user", "content": task.prompt}]
+
+    async def step(self, text):
+        return StepResult(observation=[], reward=float("a" in text), done=True)
+
+    async def close(self):
+        pass
+'''
+
+
+def test_a_sweep_runs_on_the_users_own_env_and_task_file(tmp_path):
+    (tmp_path / "letter_env.py").write_text(USER_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"id": f"t{i}", "prompt": f"say {i}"}) + "\n" for i in range(6)))
+    spec = _spec(tmp_path, [{"name": "rm", "preset": "running_mean_8"}])
+    user = [f"data.env={tmp_path}/letter_env.py:LetterEnv", f"data.train_file={tasks}", "data.max_turns=1"]
+    spec = spec.model_copy(update={"overrides": [*spec.overrides, *user]})
+    (run,) = plan_runs(spec)
+    assert run.config.data.env.endswith("letter_env.py:LetterEnv")
+    assert run_sweep(spec, [run], in_process=True)["done"] == [run]
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "reward/mean" in r] == [1, 2]
+
+
+def test_killing_a_sweep_stops_its_runs_and_the_next_sweep_resumes_them(tmp_path):
+    """`kill` of a running `sao sweep` (SIGTERM; Ctrl-C is the same path) terminates its child runs without
+    an outcome; the next sweep resumes the run from its checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    spec_path = tmp_path / "spec.yaml"
+    overrides = [o for o in TINY if not o.startswith("trainer.total_steps")] + ["trainer.total_steps=24"]
+    spec_path.write_text(json.dumps({"name": "kill", "overrides": overrides, "seeds": [0],
+                                     "runs_root": str(tmp_path / "runs"), "out": str(tmp_path / "report"),
+                                     "arms": [{"name": "rm", "preset": "running_mean_8"}]}))  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    sweep = subprocess.Popen([sys.executable, "-m", "sao", "sweep", str(spec_path)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    spec = load_spec(spec_path)
+    (run,) = plan_runs(spec)
+    deadline = time.monotonic() + 120
+    while not list((run.run_dir / "checkpoints").glob("step_*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sweep.poll() is None, sweep.stdout.read().decode()
+    sweep.send_signal(signal.SIGTERM)
+    out = sweep.communicate(timeout=60)[0].decode()
+    assert sweep.returncode == 130 and "`sao sweep` again resumes them" in out
+    assert read_outcome(run.run_dir) is None and run_state(run.run_dir) == "interrupted"
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in lines) < 24  # stopped mid-run
+    result = run_sweep(spec, [run])
+    outcome = read_outcome(run.run_dir)
+    assert result["done"] == [run] and outcome.attempts == 2 and outcome.command[-1] == "--resume"
+    lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in lines if "reward/mean" in r) == list(range(1, 25))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -107,6 +108,10 @@ def sweep_command(
                 f"{status} {run.arm} seed {run.seed} in {wall / 60:.1f} min{extra}", highlight=False
             )
 
+    def stop(signum: int, frame: object) -> None:  # `kill PID` stops the children as Ctrl-C does
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         result = run_sweep(
             spec, runs, jobs=jobs, retry_failed=retry_failed, in_process=in_process, on_event=event
@@ -115,6 +120,8 @@ def sweep_command(
         raise _fail(
             "interrupted: running runs were stopped; `sao sweep` again resumes them", code=130
         ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     summary = ", ".join(f"{len(v)} {k}" for k, v in result.items() if v)
     console.print(f"sweep {spec.name}: {summary or 'nothing to do'}", highlight=False)
     if report:

@@ -47,6 +47,11 @@ def _fmt(value: float, digits: int = 3) -> str:
     )
 
 
+def _g(value: float) -> str:
+    """A CSV number: 6 significant digits (the curves' files stay small enough to commit)."""
+    return f"{value:.6g}"
+
+
 def _interval(mean: float, low: float, high: float) -> str:
     if math.isnan(mean):
         return "–"
@@ -81,7 +86,7 @@ def _curves(runs_by_arm: dict[str, list[RunData]], settings: ReportSpec, out: Pa
                 ax.fill_between(curve.x, low, high, color=color, alpha=0.2, linewidth=0)
                 drawn = True
                 rows.extend(
-                    [arm, axis, metric, float(x), m, lo, hi, int(n)]
+                    [arm, axis, metric, _g(x), _g(m), _g(lo), _g(hi), int(n)]
                     for x, m, lo, hi, n in zip(curve.x, mean, low, high, count, strict=True)
                 )
             ax.set_title(metric if settings.smooth <= 1 or metric.startswith("eval/")
@@ -95,7 +100,7 @@ def _curves(runs_by_arm: dict[str, list[RunData]], settings: ReportSpec, out: Pa
             ax.set_visible(False)
         fig.suptitle("mean over seeds, 95 % bootstrap band", fontsize=10)
         path = out / f"curves_{axis}.png"
-        fig.savefig(path, dpi=90)
+        fig.savefig(path, dpi=72)
         pngs.append(path)
     _write_csv(out / "curves.csv", ["arm", "axis", "metric", "x", "mean", "low", "high", "n"], rows)
     return pngs
