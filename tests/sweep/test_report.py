@@ -77,7 +77,11 @@ def test_finals_reduce_each_run_as_the_spec_says(tmp_path):
     assert (
         value(metric="reward/mean", how="max")[0] == 1.0 and value(metric="reward/mean", how="min")[0] == 0.0
     )
+    assert value(metric="reward/mean", how="drop", frac=0.2, smooth=2) == (0.0, False)  # ends at its best
     assert math.isnan(value(metric="missing")[0])
+    falling = _run(tmp_path, "b", 0, [0.2, 0.9, 0.9, 0.3, 0.1])
+    drop = run_value(falling, Column(Final(metric="reward/mean", how="drop", frac=0.4, smooth=2)))
+    assert drop == (pytest.approx(0.9 - 0.2), False)  # best smoothed 0.9, last 40 %: (0.3 + 0.1) / 2
 
 
 def test_recovery_counts_steps_after_each_shift_and_censors_a_run_that_never_recovers(tmp_path):

@@ -110,13 +110,15 @@ class Final(_Strict):
 
     ``how``: ``last`` (the last logged value: the final evaluation for ``eval/*``), ``tail`` / ``head``
     (mean of the last / first ``frac`` of the logged values), ``mean`` (all of them), ``roughness`` (mean
-    |difference| of consecutive values: lower = smoother), ``max``, ``min``, ``recovery`` (steps until the
+    |difference| of consecutive values: lower = smoother), ``max``, ``min``, ``drop`` (the best value of the
+    ``smooth``-point trailing mean minus the mean of the last ``frac``: how far a run fell from its best,
+    0 for one that never fell — a collapse measure), ``recovery`` (steps until the
     ``smooth``-point trailing mean is back to ``fraction`` of its level over the ``pre_window`` steps before
     each shift; ``shifts``: shift points in trained trajectories).
     """
 
     metric: str
-    how: Literal["last", "tail", "head", "mean", "roughness", "max", "min", "recovery"] = "last"
+    how: Literal["last", "tail", "head", "mean", "roughness", "max", "min", "drop", "recovery"] = "last"
     frac: float = Field(0.2, gt=0, le=1)
     shifts: list[int] = Field(default_factory=list, description="recovery: shifts, in trained trajectories.")
     pre_window: int = Field(10, ge=1)
@@ -137,7 +139,7 @@ class Final(_Strict):
         """Column name: ``metric`` for ``last``, else ``metric (how)``."""
         if self.how == "last":
             return self.metric
-        if self.how in ("tail", "head"):
+        if self.how in ("tail", "head", "drop"):
             return f"{self.metric} ({self.how} {self.frac:g})"
         return f"{self.metric} ({self.how})"
 
