@@ -25,8 +25,9 @@ import yaml
 from sao.sinks import METRICS_FILE
 
 from .execute import read_outcome, run_state
+from .stats import trailing_mean
 
-__all__ = ["Axis", "Curve", "RunData", "align", "load_run", "smooth_trailing"]
+__all__ = ["Axis", "Curve", "RunData", "align", "load_run"]
 
 Axis = Literal["step", "trajectories", "wall"]
 ELAPSED = "runtime/elapsed_s"
@@ -113,16 +114,6 @@ def load_run(run_dir: str | Path, arm: str | None = None, seed: int | None = Non
     )
 
 
-def smooth_trailing(values: np.ndarray, window: int) -> np.ndarray:
-    """Trailing moving average over ``window`` points (the first points average what there is)."""
-    if window <= 1 or len(values) == 0:
-        return values.astype(float)
-    sums = np.cumsum(np.insert(values.astype(float), 0, 0.0))
-    idx = np.arange(1, len(values) + 1)
-    lo = np.maximum(idx - window, 0)
-    return (sums[idx] - sums[lo]) / (idx - lo)
-
-
 @dataclass(frozen=True)
 class Curve:
     """One metric of one arm on one axis: ``values`` (runs, points) on the common ``x`` (NaN: no value)."""
@@ -150,7 +141,7 @@ def align(
             continue
         steps, values = s
         if smooth > 1 and not metric.startswith("eval/"):
-            values = smooth_trailing(values, smooth)
+            values = trailing_mean(values, smooth)
         per_run.append((run.x(axis, steps), values))
     if not any(len(x) for x, _ in per_run):
         return None

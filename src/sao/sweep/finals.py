@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import stats
-from .aggregate import RunData, smooth_trailing
+from .aggregate import RunData
 from .spec import Final
 
 __all__ = ["ArmFinal", "Column", "FinalTable", "columns", "final_table", "run_value"]
@@ -69,7 +69,7 @@ def run_value(run: RunData, column: Column) -> tuple[float, bool]:
     if f.how == "min":
         return float(np.min(values)), False
     if f.how == "drop":
-        best = float(np.max(smooth_trailing(values, f.smooth)))
+        best = float(np.max(stats.trailing_mean(values, f.smooth)))
         return max(0.0, best - stats.tail_mean(values, f.frac)), False
     assert column.shift is not None
     # The shift comes after `shifts[i]` trained trajectories: the last step before it is shift_at, the

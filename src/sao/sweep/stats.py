@@ -287,7 +287,7 @@ def difference(
 # ------------------------------------------------------------------------------------------ curve summaries
 
 
-def _trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
+def trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
     """Trailing moving average of ``x`` (shape (n,)) over ``window`` points; the first ``window - 1``
     points average what is there so far. Shape (n,)."""
     csum = np.concatenate(([0.0], np.cumsum(x)))
@@ -333,7 +333,7 @@ def recovery_steps(
     if level <= 0:
         return math.nan
     post = s >= shift_at
-    hit = np.flatnonzero(_trailing_mean(v[post], smooth) >= fraction * level)
+    hit = np.flatnonzero(trailing_mean(v[post], smooth) >= fraction * level)
     return float(s[post][hit[0]] - shift_at) if hit.size else math.inf
 
 
