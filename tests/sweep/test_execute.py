@@ -42,6 +42,8 @@ def test_child_processes_run_at_once_and_a_second_sweep_skips_them(tmp_path):
         steps = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in steps if "reward/mean" in r] == [1, 2]
         assert all(r["runtime/elapsed_s"] > 0 for r in steps if "reward/mean" in r)
+    first, second = (read_outcome(r.run_dir) for r in runs)
+    assert first.started_at < second.ended_at and second.started_at < first.ended_at  # at once
     again: list = []
     result = run_sweep(spec, runs, jobs=2, on_event=_events(again))
     assert len(result["skipped"]) == 2 and [k for k, *_ in again] == ["skip", "skip"]
@@ -77,6 +79,28 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_recorded_not_rerun(tmp_p
     # --retry-failed reruns it (and it fails again, recorded again).
     result = run_sweep(spec, [broken], in_process=True, retry_failed=True)
     assert result["failed"] == [broken] and read_outcome(broken.run_dir).attempts == 2
+    # A failed run that had a checkpoint is resumed from it when retried, its log kept.
+    outcome = json.loads((ok.run_dir / STATUS_FILE).read_text())
+    (ok.run_dir / STATUS_FILE).write_text(json.dumps({**outcome, "status": "failed", "returncode": 1}))
+    assert run_sweep(spec, [ok], in_process=True)["skipped"] == [ok]
+    assert run_sweep(spec, [ok], in_process=True, retry_failed=True)["done"] == [ok]
+    assert read_outcome(ok.run_dir).command[-1] == "--resume"
+
+
+def test_a_run_whose_lock_another_process_holds_is_skipped_as_running(tmp_path):
+    import fcntl
+
+    spec = _spec(tmp_path, [{"name": "rm", "preset": "running_mean_8"}])
+    (run,) = plan_runs(spec)
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "metrics.jsonl").write_text("")
+    with (run.run_dir / ".sweep.lock").open("a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a live run (or another sweep) holds it
+        assert run_state(run.run_dir) == "running"
+        log: list = []
+        result = run_sweep(spec, [run], in_process=True, on_event=_events(log))
+        assert result["skipped"] == [run] and log == [("skip", "rm", 0)]
+    assert run_state(run.run_dir) == "interrupted"
 
 
 def test_sweep_report_and_compare_commands(tmp_path):
@@ -101,7 +125,7 @@ def test_sweep_report_and_compare_commands(tmp_path):
     )
     assert again.exit_code == 0 and (tmp_path / "r2" / "finals.csv").is_file()
     missing = runner.invoke(app, ["report", str(spec_path)])
-    assert missing.exit_code == 1 and "no run of sweep 'cli' has started" in missing.output
+    assert missing.exit_code == 1 and "no run of sweep 'cli' has finished" in missing.output
     dirs = sorted(str(p) for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
     compared = runner.invoke(
         app, ["compare", *dirs, "--out", str(tmp_path / "cmp"), "--final", "reward/mean:mean"]

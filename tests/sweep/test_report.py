@@ -93,6 +93,15 @@ def test_recovery_counts_steps_after_each_shift_and_censors_a_run_that_never_rec
     assert run_value(run, Column(final, 1)) == (4.0, True)  # never: censored at the 4 steps it had left
 
 
+def test_recovery_is_nan_for_a_run_that_never_passed_the_shift_and_censored_at_the_next_one(tmp_path):
+    final = Final(metric="reward/mean", how="recovery", shifts=[16, 32], pre_window=2, smooth=1)
+    short = _run(tmp_path, "short", 0, [1, 1, 1])  # stopped at step 3: never reached the shift at step 4
+    assert math.isnan(run_value(short, Column(final, 0))[0])
+    # Back only after the second shift (step 10): censored for the first at the 4 steps up to it.
+    late = _run(tmp_path, "late", 0, [1, 1, 1, 1, 0, 0, 0, 0, 0, 1, 1, 1])
+    assert run_value(late, Column(final, 0)) == (4.0, True)
+
+
 def test_pairwise_differences_and_intervals(tmp_path):
     good = [_run(tmp_path, "good", s, [0.5, 1.0 + 0.01 * s]) for s in range(5)]
     bad = [_run(tmp_path, "bad", s, [0.5, 0.2 + 0.01 * s]) for s in range(5)]
@@ -138,3 +147,17 @@ def test_the_report_lists_every_run_and_writes_its_files(tmp_path):
     assert "| sao | 0.800 |" in md and "| eval/pass@1 | sao − grpo |" in md
     assert "3 done, 3 stopped" in md and "Not started yet (not in the numbers): x seed 9." in md
     assert "![curves_step](curves_step.png)" in md
+
+
+def test_unfinished_runs_are_listed_not_averaged_and_unknown_metrics_are_named(tmp_path):
+    done = [_run(tmp_path, "a", s, [0.5, 0.7]) for s in range(2)]
+    crashed = _run(tmp_path, "a", 2, [0.0], status="failed")
+    settings = ReportSpec(curves=[], finals=[Final(metric="reward/mean"), Final(metric="reward/maen")])
+    write_report({"a": done}, settings, tmp_path / "out", title="t", excluded=[crashed])
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "listed under Runs: a seed 2 (failed)" in md and "| a | 2 | failed | 1/1 |" in md
+    assert "No run logged reward/maen" in md
+    finals = list(csv.DictReader((tmp_path / "out" / "finals.csv").open()))
+    assert finals[0]["n"] == "2" and float(finals[0]["mean"]) == pytest.approx(0.7)
+    assert len(list(csv.DictReader((tmp_path / "out" / "runs.csv").open()))) == 3
+    assert not list((tmp_path / "out").glob("*.png"))  # no curves asked for

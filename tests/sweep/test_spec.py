@@ -39,6 +39,14 @@ def test_arm_overrides_beat_the_spec_and_the_preset(tmp_path):
     assert run.config.algo.advantage == "skip_observation_gae"  # the rest of the preset stays
 
 
+def test_an_algo_key_of_the_spec_applies_to_every_arm_whatever_its_preset(tmp_path):
+    """The preset only fills what no file or override sets (load_config), wherever the override stands."""
+    arms = [{"name": "grpo", "preset": "grpo"}, {"name": "dis", "preset": "grpo_dis"}]
+    runs = plan_runs(_spec(tmp_path, overrides=[*BASE, "algo.group_size=4"], arms=arms, seeds=[0]))
+    assert [r.config.algo.group_size for r in runs] == [4, 4]
+    assert [r.config.algo.policy_loss for r in runs] == ["ppo_clip", "dis"]
+
+
 def test_equal_configs_share_a_run_dir_whatever_the_arm_is_called(tmp_path):
     one = plan_runs(_spec(tmp_path, arms=[{"name": "sao", "preset": "sao"}]))
     other = plan_runs(_spec(tmp_path, name="other", arms=[{"name": "k2", "preset": "sao"}]))
@@ -71,6 +79,13 @@ def test_a_bad_arm_is_an_error_naming_the_arm_and_the_key(tmp_path):
         ("name: t\narms: [{name: a}]\njobz: 2\n", "jobz"),
         ("name: t\narms: [{name: a}]\nreport: {finals: [{metric: r, how: recovery}]}\n", "needs shifts"),
         ("- not a mapping\n", "must be a mapping"),
+        ("name: t\narms: [{name: a}]\nseed_keys: []\n", "every seed would be the same run"),
+        ("name: t\narms: [{name: a}]\nreport: {finals: [{metric: r, frac: 0.5}]}\n", "frac applies to"),
+        ("name: t\narms: [{name: a}]\nreport: {finals: [{metric: r}, {metric: r}]}\n", "share the column"),
+        (
+            "name: t\narms: [{name: a}]\nreport: {finals: [{metric: r, how: recovery, shifts: [9, 3]}]}\n",
+            "shifts must increase",
+        ),
     ],
 )
 def test_spec_errors_name_the_field(tmp_path, text, message):

@@ -49,17 +49,22 @@ def _write_spec_report(spec: SweepSpec, runs: list[PlannedRun], out_dir: Path) -
     from sao.sweep.report import write_report
 
     by_arm: dict[str, list] = {arm.name: [] for arm in spec.arms}
-    missing = []
+    missing, excluded = [], []
     for run in runs:
         if run_state(run.run_dir) == "new" or not (run.run_dir / "config.yaml").is_file():
             missing.append(f"{run.arm} seed {run.seed}")
             continue
-        by_arm[run.arm].append(load_run(run.run_dir, arm=run.arm, seed=run.seed))
+        try:
+            data = load_run(run.run_dir, arm=run.arm, seed=run.seed)
+        except (OSError, ValueError) as err:
+            raise _fail(f"error: {err}", code=1) from None
+        # Finished runs are the results; a crashed or unfinished one is listed, not averaged in.
+        (by_arm[run.arm] if data.status in ("done", "stopped") else excluded).append(data)
     by_arm = {arm: rs for arm, rs in by_arm.items() if rs}
     if not by_arm:
-        raise _fail(f"error: no run of sweep {spec.name!r} has started; run `sao sweep` first", code=1)
+        raise _fail(f"error: no run of sweep {spec.name!r} has finished; run `sao sweep` first", code=1)
     return write_report(by_arm, spec.report, out_dir, title=spec.name, description=spec.description,
-                        not_started=missing)  # fmt: skip
+                        not_started=missing, excluded=excluded)  # fmt: skip
 
 
 @app.command("sweep")
@@ -87,6 +92,8 @@ def sweep_command(
     spec, runs = _load(spec_path, overrides, smoke)
     if in_process:
         _quiet_transformers()  # no load/save progress bars between the runs' own lines
+        if (jobs or spec.jobs) > 1:
+            _stdout().print("--in-process: the runs train one after another (jobs ignored)", highlight=False)
     console = _stdout()
     table = Table(title=f"sweep {spec.name}{' (smoke)' if smoke else ''}: {len(runs)} runs")
     for column in ("arm", "seed", "state", "run dir"):

@@ -90,14 +90,20 @@ def _read_series(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def load_run(run_dir: str | Path, arm: str | None = None, seed: int | None = None) -> RunData:
     """A run's metrics and settings. ``arm``/``seed`` default to the run's config (``name``,
-    ``trainer.seed``). Raises FileNotFoundError naming what is missing."""
+    ``trainer.seed``). Raises FileNotFoundError naming what is missing, ValueError for an unreadable
+    config."""
     run_dir = Path(run_dir)
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(
             f"{str(run_dir)!r} has no config.yaml (not a run directory, or never started)"
         )
-    cfg = yaml.safe_load(config_path.read_text()) or {}
+    try:
+        cfg = yaml.safe_load(config_path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{str(config_path)!r} is not valid YAML: {err}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{str(config_path)!r} is not a run config (a mapping)")
     trainer = cfg.get("trainer", {})
     metrics = run_dir / METRICS_FILE
     series = _read_series(metrics) if metrics.is_file() else {}

@@ -62,6 +62,8 @@ class Outcome:
     seed: int
     command: list[str]
     error: str = ""
+    started_at: float = 0.0  # unix seconds, the last attempt
+    ended_at: float = 0.0
 
 
 def read_outcome(run_dir: Path) -> Outcome | None:
@@ -79,25 +81,45 @@ def run_state(run_dir: Path) -> State:
     outcome = read_outcome(run_dir)
     if outcome is not None:
         return outcome.status
-    if not (run_dir.exists() and any(run_dir.iterdir())):
+    if not (run_dir.exists() and any(p.name != _LOCK for p in run_dir.iterdir())):
         return "new"
-    with _locked(run_dir) as held:
-        return "interrupted" if held else "running"
+    return "interrupted" if _lock_free(run_dir) else "running"
+
+
+def _lock_free(run_dir: Path) -> bool:
+    """Whether no process holds the run's lock (a shared probe: never blocks a sweep taking it)."""
+    try:
+        with (run_dir / _LOCK).open("a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return True
+    except OSError:
+        return True
 
 
 @contextlib.contextmanager
-def _locked(run_dir: Path):  # type: ignore[no-untyped-def]
-    """Hold the run dir's lock (True) or learn that another sweep holds it (False): two sweeps sharing a run
-    never train it twice at once."""
+def _locked(run_dir: Path, wait_s: float = 2.0):  # type: ignore[no-untyped-def]
+    """The run dir's lock file, held exclusively (None when another process holds it for longer than
+    ``wait_s``: a sweep or the run it started). Two sweeps sharing a run never train it twice at once; the
+    child run inherits the lock's file descriptor, so the lock stays held while it lives, even when the
+    sweep that started it was killed."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with (run_dir / _LOCK).open("a") as f:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:  # a probe (run_state) holds it for microseconds, a run for minutes
+                if time.monotonic() >= deadline:
+                    yield None
+                    return
+                time.sleep(0.05)
         try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
+            yield f
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
 
@@ -136,12 +158,16 @@ def _attempt_lines(run_dir: Path) -> list[dict[str, Any]]:
         return []
 
 
-def _finish(run: PlannedRun, status: str, rc: int, wall_s: float, command: list[str], error: str) -> Outcome:
-    """Note this attempt and write the outcome (its wall time summed over every attempt)."""
-    _note_attempt(run.run_dir, wall_s)
+def _finish(
+    run: PlannedRun, status: str, rc: int, started: float, command: list[str], error: str, t0: float
+) -> Outcome:
+    """Note this attempt (``t0``: its monotonic start) and write the outcome (its wall time summed over
+    every attempt)."""
+    _note_attempt(run.run_dir, time.monotonic() - t0)
     attempts = _attempt_lines(run.run_dir)
     total = sum(float(a.get("wall_s", 0.0)) for a in attempts)
-    outcome = Outcome(status, rc, total, len(attempts), run.arm, run.seed, command, error)  # type: ignore[arg-type]
+    outcome = Outcome(status, rc, total, len(attempts), run.arm, run.seed, command, error,  # type: ignore[arg-type]
+                      started, time.time())  # fmt: skip
     tmp = run.run_dir / f".{STATUS_FILE}.tmp"
     tmp.write_text(json.dumps(asdict(outcome), indent=1))
     tmp.replace(run.run_dir / STATUS_FILE)
@@ -159,14 +185,17 @@ class _Children:
     def add(self, proc: subprocess.Popen[bytes]) -> None:
         with self._lock:
             self._procs.add(proc)
+            late = self.stopping  # started after terminate_all took its snapshot
+        if late:
+            proc.terminate()
 
     def discard(self, proc: subprocess.Popen[bytes]) -> None:
         with self._lock:
             self._procs.discard(proc)
 
     def terminate_all(self) -> None:
-        self.stopping = True
         with self._lock:
+            self.stopping = True
             procs = list(self._procs)
         for proc in procs:
             proc.terminate()
@@ -178,13 +207,14 @@ class _Children:
 
 
 def _prepare(run: PlannedRun) -> bool:
-    """Make the run dir ready (its lock held); True when the run resumes from a checkpoint. A run without a
-    checkpoint (interrupted before its first, or a failed one retried) starts again from an empty dir; the
-    attempts file stays, so the outcome's wall time counts every attempt."""
-    if read_outcome(run.run_dir) is None and _has_checkpoint(run.run_dir):
+    """Make the run dir ready (its lock held); True when the run resumes from its checkpoint (an interrupted
+    run, or a failed one retried). A run without a checkpoint starts again from an empty dir, but for the
+    lock, the attempts file (the outcome's wall time counts every attempt) and ``train.log`` (appended to)."""
+    (run.run_dir / STATUS_FILE).unlink(missing_ok=True)
+    if _has_checkpoint(run.run_dir):
         return True
     for entry in run.run_dir.iterdir():
-        if entry.name in (_LOCK, _ATTEMPTS):
+        if entry.name in (_LOCK, _ATTEMPTS, LOG_FILE):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -193,29 +223,32 @@ def _prepare(run: PlannedRun) -> bool:
     return False
 
 
-def _run_child(spec: SweepSpec, run: PlannedRun, threads: int, children: _Children) -> Outcome | None:
+def _run_child(
+    spec: SweepSpec, run: PlannedRun, threads: int, children: _Children, lock: Any
+) -> Outcome | None:
     resume = _prepare(run)
     command = _train_command(spec, run, resume)
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", str(threads))
     env.setdefault("HF_HUB_OFFLINE", "1")
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     with (run.run_dir / LOG_FILE).open("ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(  # the child keeps the run's lock (its fd) for as long as it lives
+            command, stdout=log, stderr=subprocess.STDOUT, env=env, pass_fds=(lock.fileno(),)
+        )
         children.add(proc)
         try:
             rc = proc.wait()
         finally:
             children.discard(proc)
-    wall = time.monotonic() - t0
     if children.stopping:
-        _note_attempt(run.run_dir, wall)
+        _note_attempt(run.run_dir, time.monotonic() - t0)
         return None  # interrupted: no outcome, the next sweep resumes it
     status = "done" if rc == 0 else "stopped" if rc == _STOPPED_RC else "failed"
     error = "" if rc == 0 else _log_tail(run.run_dir / LOG_FILE)
-    return _finish(run, status, rc, wall, command, error)
+    return _finish(run, status, rc, started, command, error, t0)
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:
@@ -231,7 +264,7 @@ def _run_in_process(spec: SweepSpec, run: PlannedRun) -> Outcome:
 
     resume = _prepare(run)
     command = _train_command(spec, run, resume)
-    t0 = time.monotonic()
+    t0, started = time.monotonic(), time.time()
     status, rc, error = "done", 0, ""
     try:
         train_sync_entry(run.config, resume=resume)
@@ -239,7 +272,10 @@ def _run_in_process(spec: SweepSpec, run: PlannedRun) -> Outcome:
         status, rc, error = "stopped", _STOPPED_RC, str(err)
     except Exception as err:
         status, rc, error = "failed", 1, f"{type(err).__name__}: {err}"
-    return _finish(run, status, rc, time.monotonic() - t0, command, error)
+    except BaseException:  # Ctrl-C: no outcome (resumed next time), but the attempt's time counts
+        _note_attempt(run.run_dir, time.monotonic() - t0)
+        raise
+    return _finish(run, status, rc, started, command, error, t0)
 
 
 def run_sweep(
@@ -273,15 +309,18 @@ def run_sweep(
     def one(run: PlannedRun) -> Outcome | None:
         if children.stopping:
             return None
-        with _locked(run.run_dir) as held:
+        with _locked(run.run_dir) as lock:
             before = read_outcome(run.run_dir)
-            if not held or (before is not None and not (retry_failed and before.status == "failed")):
-                # another sweep is running it, or finished it meanwhile
+            if lock is None or (before is not None and not (retry_failed and before.status == "failed")):
+                # another sweep (or its orphaned run) is running it, or it finished meanwhile
                 result["skipped"].append(run)
-                notify("skip", run, read_outcome(run.run_dir))
+                notify("skip", run, before)
                 return None
             notify("start", run, None)
-            outcome = _run_in_process(spec, run) if in_process else _run_child(spec, run, threads, children)
+            if in_process:
+                outcome = _run_in_process(spec, run)
+            else:
+                outcome = _run_child(spec, run, threads, children, lock)
         if outcome is not None:
             result[outcome.status].append(run)
             notify("end", run, outcome)

@@ -68,21 +68,25 @@ def run_value(run: RunData, column: Column) -> tuple[float, bool]:
         return float(np.max(values)), False
     if f.how == "min":
         return float(np.min(values)), False
-    if f.how == "drop":
-        best = float(np.max(stats.trailing_mean(values, f.smooth)))
-        return max(0.0, best - stats.tail_mean(values, f.frac)), False
+    if f.how == "drop":  # the best full window of the trailing mean (not the first points alone)
+        smoothed = stats.trailing_mean(values, f.smooth)[min(f.smooth, len(values)) - 1 :]
+        return max(0.0, float(np.max(smoothed)) - stats.tail_mean(values, f.frac)), False
     assert column.shift is not None
     # The shift comes after `shifts[i]` trained trajectories: the last step before it is shift_at, the
-    # steps after it are counted from there (recovered at the first step after it: 1 step).
+    # steps after it are counted from there (recovered at the first step after it: 1 step). Only the steps
+    # up to the next shift count: a run still not back by then is censored there.
     shift_at = f.shifts[column.shift] / run.batch_size
+    nxt = f.shifts[column.shift + 1] / run.batch_size if column.shift + 1 < len(f.shifts) else math.inf
+    keep = steps <= nxt
+    steps, values = steps[keep], values[keep]
+    if not len(steps) or steps[-1] <= shift_at:
+        return math.nan, False  # the run never got past this shift
     value = stats.recovery_steps(
         steps, values, shift_at + 1, pre_window=f.pre_window, fraction=f.fraction, smooth=f.smooth
     )
-    value += 1
     if math.isinf(value):
-        end = f.shifts[column.shift + 1] / run.batch_size if column.shift + 1 < len(f.shifts) else steps[-1]
-        return float(min(end, steps[-1]) - shift_at), True
-    return value, False
+        return float(steps[-1] - shift_at), True
+    return value + 1, False
 
 
 @dataclass(frozen=True)

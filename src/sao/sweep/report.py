@@ -26,7 +26,7 @@ from .aggregate import RunData, align
 from .finals import FinalTable, final_table
 from .spec import ReportSpec
 
-__all__ = ["AXIS_LABELS", "write_report"]
+__all__ = ["AXIS_LABELS", "unlogged_metrics", "write_report"]
 
 AXIS_LABELS: dict[str, str] = {
     "step": "trainer step",
@@ -67,7 +67,7 @@ def _curves(runs_by_arm: dict[str, list[RunData]], settings: ReportSpec, out: Pa
     rows: list[list[object]] = []
     pngs: list[Path] = []
     metrics = list(settings.curves)
-    for axis in settings.x:
+    for axis in settings.x if metrics else ():
         cols = min(3, len(metrics))
         nrows = math.ceil(len(metrics) / cols)
         fig = Figure(figsize=(5.2 * cols, 3.6 * nrows), layout="constrained")
@@ -139,11 +139,13 @@ def _markdown(
     runs_by_arm: dict[str, list[RunData]],
     pngs: list[Path],
     not_started: Sequence[str],
+    excluded: Sequence[RunData],
+    unlogged: Sequence[str],
 ) -> str:
     lines = [f"# {title}", ""]
     if description:
         lines += [description.strip(), ""]
-    all_runs = [r for runs in runs_by_arm.values() for r in runs]
+    all_runs = [r for runs in runs_by_arm.values() for r in runs] + list(excluded)
     statuses: dict[str, int] = {}
     for r in all_runs:
         statuses[r.status] = statuses.get(r.status, 0) + 1
@@ -151,9 +153,19 @@ def _markdown(
     lines += [
         f"{len(table.arms)} arms × {len(seeds)} seeds ({', '.join(map(str, seeds))}): {len(all_runs)} runs, "
         + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
-        + ". Every run the sweep launched is in these numbers.",
+        + ". Every finished run (done, or stopped by itself) is in these numbers.",
         "",
         *([f"Not started yet (not in the numbers): {', '.join(not_started)}.", ""] if not_started else []),
+        *(
+            [
+                f"Not in the numbers, listed under Runs: {_names(excluded)} — a failed run crashed (see its "
+                "train.log); a running or interrupted one has not finished.",
+                "",
+            ]
+            if excluded
+            else []
+        ),
+        *([f"No run logged {', '.join(unlogged)}: check the metric names.", ""] if unlogged else []),
         "## Final metrics",
         "",
         "Mean over seeds [95 % percentile bootstrap interval of the mean]; ≥ marks columns where some runs "
@@ -173,25 +185,26 @@ def _markdown(
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     pairs = [d for diffs in table.differences.values() for d in diffs]
     if pairs:
-        test = pairs[0].test
-        n_a, n_b = pairs[0].n_a, pairs[0].n_b
-        floor = stats.min_p_value(n_a, n_b) if n_a and n_b else math.nan
+        tests = sorted({d.test for d in pairs})
         lines += [
             "",
             "## Pairwise differences",
             "",
-            f"a − b of the per-seed final values: mean [95 % bootstrap interval]; p: {test} "
-            f"(with {n_a} vs {n_b} seeds the smallest attainable p is {_fmt(floor)}).",
+            "a − b of the per-seed final values: mean [95 % bootstrap interval]; p: "
+            + "; ".join(tests)
+            + ". n: seeds in each arm, and the smallest p the test can give with them. A censored recovery "
+            "enters the test as the steps it had (a lower bound).",
             "",
-            "| metric | a − b | difference | p | interval excludes 0 |",
-            "|---|---|---|---|---|",
+            "| metric | a − b | difference | p | n (p floor) | interval excludes 0 |",
+            "|---|---|---|---|---|---|",
         ]
         for label, diffs in table.differences.items():
             for d in diffs:
                 excl = "–" if math.isnan(d.low) else ("yes" if d.low > 0 or d.high < 0 else "no")
+                floor = _fmt(stats.min_p_value(d.n_a, d.n_b)) if d.n_a and d.n_b else "–"
                 lines.append(
                     f"| {label} | {d.a} − {d.b} | {_interval(d.mean, d.low, d.high)} "
-                    f"| {_fmt(d.p_value)} | {excl} |"
+                    f"| {_fmt(d.p_value)} | {d.n_a} vs {d.n_b} ({floor}) | {excl} |"
                 )
     lines += [
         "",
@@ -200,7 +213,7 @@ def _markdown(
         "| arm | seed | status | steps | wall (min) | run dir |",
         "|---|---|---|---|---|---|",
     ]
-    for arm, runs in runs_by_arm.items():
+    for arm, runs in [*runs_by_arm.items(), *((r.arm, [r]) for r in excluded)]:
         for r in runs:
             wall = "–" if math.isnan(r.wall_s) else f"{r.wall_s / 60:.1f}"
             lines.append(
@@ -219,12 +232,14 @@ def write_report(
     title: str,
     description: str = "",
     not_started: Sequence[str] = (),
+    excluded: Sequence[RunData] = (),
 ) -> list[Path]:
-    """Write the report files (module docstring) into ``out_dir``; returns their paths."""
+    """Write the report files (module docstring) into ``out_dir``; returns their paths. ``excluded``: runs
+    listed (runs.csv, report.md) but not in the numbers (failed, unfinished)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if not any(runs_by_arm.values()):
-        raise ValueError("nothing to report: no run has started yet")
+        raise ValueError("nothing to report: no run has finished yet")
     pngs = _curves(runs_by_arm, settings, out)
     table = final_table(runs_by_arm, settings.finals)
     _write_csv(out / "finals.csv", ["arm", "metric", "mean", "low", "high", "n", "censored", "values"],
@@ -234,7 +249,21 @@ def write_report(
                _difference_rows(table))  # fmt: skip
     _write_csv(out / "runs.csv", ["arm", "seed", "status", "steps", "wall_s", "run_dir"],
                [[a, r.seed, r.status, r.steps_done, r.wall_s, str(r.run_dir)]
-                for a, runs in runs_by_arm.items() for r in runs])  # fmt: skip
+                for a, runs in [*runs_by_arm.items(), *((r.arm, [r]) for r in excluded)]
+                for r in runs])  # fmt: skip
     md = out / "report.md"
-    md.write_text(_markdown(title, description, table, runs_by_arm, pngs, not_started), encoding="utf-8")
+    unlogged = unlogged_metrics(runs_by_arm, settings)
+    text = _markdown(title, description, table, runs_by_arm, pngs, not_started, excluded, unlogged)
+    md.write_text(text, encoding="utf-8")
     return [*pngs, out / "curves.csv", out / "finals.csv", out / "differences.csv", out / "runs.csv", md]
+
+
+def _names(runs: Sequence[RunData]) -> str:
+    return ", ".join(f"{r.arm} seed {r.seed} ({r.status})" for r in runs)
+
+
+def unlogged_metrics(runs_by_arm: dict[str, list[RunData]], settings: ReportSpec) -> list[str]:
+    """The curve and final metrics no run logged (a misspelt name, or a metric of other presets)."""
+    names = dict.fromkeys([*settings.curves, *(f.metric for f in settings.finals)])
+    logged = {m for runs in runs_by_arm.values() for r in runs for m in r.series}
+    return [m for m in names if m not in logged]

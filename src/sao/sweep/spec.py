@@ -21,9 +21,11 @@ A spec is YAML (``sao sweep SPEC.yaml``)::
         - {metric: eval/pass@1, how: last}
         - {metric: reward/mean, how: tail, frac: 0.2}
 
-One run's overrides, lowest precedence first: the base file, ``overrides``, ``algo=<preset>``, the arm's
+One run's overrides, in this order (a later one wins): ``overrides``, ``algo=<preset>``, the arm's
 ``overrides``, the seed keys, (``--smoke``: `SMOKE_OVERRIDES` then ``smoke.overrides``), and last
-``logging.run_dir`` and ``name``. A run is identified by its resolved config without ``logging.run_dir``
+``logging.run_dir`` and ``name``, all over the base file. The preset itself fills only the fields that no
+file or override sets (`load_config`), so an ``algo.*`` key in the spec's ``overrides`` applies to every
+arm whatever its preset. A run is identified by its resolved config without ``logging.run_dir``
 and ``name`` (`run_key`): two arms — of one spec or of two — that resolve to the same config share one run
 dir, so a baseline several claims compare against is trained once.
 
@@ -124,14 +126,20 @@ class Final(_Strict):
     pre_window: int = Field(10, ge=1)
     fraction: float = Field(0.9, gt=0, le=1)
     smooth: int = Field(5, ge=1)
-    higher_is_better: bool = True
 
     @model_validator(mode="after")
-    def _recovery_has_shifts(self) -> Final:
+    def _fields_fit_how(self) -> Final:
         if self.how == "recovery" and not self.shifts:
             raise ValueError(f"final {self.metric}: how=recovery needs shifts (in trained trajectories)")
-        if self.how != "recovery" and self.shifts:
-            raise ValueError(f"final {self.metric}: shifts apply to how=recovery only")
+        if self.how == "recovery" and any(b <= a for a, b in zip(self.shifts, self.shifts[1:], strict=False)):
+            raise ValueError(f"final {self.metric}: shifts must increase, got {self.shifts}")
+        uses = {"frac": ("tail", "head", "drop"), "smooth": ("drop", "recovery"), "shifts": ("recovery",),
+                "pre_window": ("recovery",), "fraction": ("recovery",)}  # fmt: skip
+        for key, hows in uses.items():
+            if key in self.model_fields_set and self.how not in hows:
+                raise ValueError(
+                    f"final {self.metric}: {key} applies to how={'/'.join(hows)}, not {self.how}"
+                )
         return self
 
     @property
@@ -139,8 +147,10 @@ class Final(_Strict):
         """Column name: ``metric`` for ``last``, else ``metric (how)``."""
         if self.how == "last":
             return self.metric
-        if self.how in ("tail", "head", "drop"):
+        if self.how in ("tail", "head"):
             return f"{self.metric} ({self.how} {self.frac:g})"
+        if self.how == "drop":
+            return f"{self.metric} (drop from best, tail {self.frac:g})"
         return f"{self.metric} ({self.how})"
 
 
@@ -155,6 +165,14 @@ class ReportSpec(_Strict):
     x: list[Literal["step", "trajectories", "wall"]] = Field(
         default_factory=lambda: ["step", "trajectories", "wall"]
     )
+
+    @model_validator(mode="after")
+    def _distinct_labels(self) -> ReportSpec:
+        labels = [f.label for f in self.finals]
+        twice = sorted({x for x in labels if labels.count(x) > 1})
+        if twice:
+            raise ValueError(f"finals: two finals would share the column {twice[0]!r}; keep one")
+        return self
 
 
 class SmokeSpec(_Strict):
@@ -197,6 +215,8 @@ class SweepSpec(_Strict):
             raise ValueError(f"arms: names must be distinct, got {names}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds: must be distinct and non-empty, got {self.seeds}")
+        if len(self.seeds) > 1 and not self.seed_keys:
+            raise ValueError("seed_keys: empty, so every seed would be the same run; name the keys to set")
         return self
 
     @property
