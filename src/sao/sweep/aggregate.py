@@ -12,7 +12,6 @@ Owns: reading runs and aligning them. Does not own: the statistics (`stats`) or 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Literal
 import numpy as np
 import yaml
 
+from sao.runtime.plots import read_metrics
 from sao.sinks import METRICS_FILE
 
 from .execute import read_outcome, run_state
@@ -64,27 +64,13 @@ class RunData:
 
 
 def _read_series(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """name -> (steps, values); the last record wins for a repeated (name, step); non-finite values and
-    unparsable lines (a live run's half-written last line) are skipped."""
-    points: dict[str, dict[float, float]] = {}
-    with path.open(encoding="utf-8") as lines:
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            step = record.get("step") if isinstance(record, dict) else None
-            if isinstance(step, bool) or not isinstance(step, (int, float)):
-                continue
-            for name, value in record.items():
-                if name in ("step", "time") or isinstance(value, bool) or not isinstance(value, (int, float)):
-                    continue
-                if math.isfinite(value):
-                    points.setdefault(name, {})[float(step)] = float(value)
+    """name -> (steps, values) in step order, from `read_metrics` (non-finite values and unparsable lines
+    skipped); the last record wins for a repeated (name, step)."""
     out = {}
-    for name, by_step in points.items():
-        steps = np.array(sorted(by_step), dtype=float)
-        out[name] = (steps, np.array([by_step[s] for s in steps], dtype=float))
+    for name, (steps, values) in read_metrics(path).items():
+        by_step = dict(zip(steps, values, strict=True))
+        xs = np.array(sorted(by_step), dtype=float)
+        out[name] = (xs, np.array([by_step[x] for x in xs], dtype=float))
     return out
 
 
