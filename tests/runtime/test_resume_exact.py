@@ -52,6 +52,7 @@ _TIMING = (
     "runtime/trainer_idle_frac",
     "runtime/engine_idle_frac",
     "runtime/wait_s",  # seconds, and occupancy sampled at a moment: not training results
+    "runtime/elapsed_s",
     "runtime/train_s",
     "runtime/in_flight",
     "runtime/engine_running",
@@ -89,6 +90,8 @@ def test_a_sync_run_killed_after_a_checkpoint_resumes_exactly(tmp_path):
         assert keys == {k for k in b[step] if not k.startswith(_TIMING)}, step
         for key in sorted(keys):
             assert b[step][key] == pytest.approx(a[step][key], rel=1e-4, abs=1e-6, nan_ok=True), (step, key)
+    # the run's clock continues from its checkpoint: resumed steps count the time before the kill too
+    assert b[3]["runtime/elapsed_s"] > b[2]["runtime/elapsed_s"] > b[1]["runtime/elapsed_s"] > 0
     # the books: the same trajectories started, trained and dropped (none lost: sync has none in flight)
     assert b[4]["runtime/started"] == b[4]["runtime/trained"] == 32.0 and b[4]["runtime/dropped"] == 0.0
 
