@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sao.config import ConfigError
+from sao.config import ConfigError, RunConfig
 from sao.sweep.spec import SMOKE_OVERRIDES, SweepSpec, load_spec, plan_runs, run_key
 
 BASE = ["model.tiny_arch=qwen3_moe", "trainer.total_steps=3", "trainer.batch_size=8"]
@@ -52,6 +52,19 @@ def test_equal_configs_share_a_run_dir_whatever_the_arm_is_called(tmp_path):
     other = plan_runs(_spec(tmp_path, name="other", arms=[{"name": "k2", "preset": "sao"}]))
     assert [r.run_dir for r in one] == [r.run_dir for r in other]
     assert run_key(one[0].config) != run_key(one[1].config)  # the seed is part of the run
+
+
+def test_a_run_is_keyed_by_its_values_away_from_the_defaults(tmp_path):
+    """Setting a key to its default (as a key added to the config later reads in an older run) leaves the
+    run key, so finished runs stay found; any other value changes it."""
+    (base,) = plan_runs(_spec(tmp_path, arms=[{"name": "sao", "preset": "sao"}], seeds=[0]))
+    default = RunConfig.model_fields["runtime"].default_factory().max_staleness
+    (same,) = plan_runs(_spec(tmp_path, overrides=[*BASE, f"runtime.max_staleness={default}"],
+                              arms=[{"name": "sao", "preset": "sao"}], seeds=[0]))  # fmt: skip
+    (other,) = plan_runs(_spec(tmp_path, overrides=[*BASE, f"runtime.max_staleness={default + 1}"],
+                               arms=[{"name": "sao", "preset": "sao"}], seeds=[0]))  # fmt: skip
+    assert run_key(same.config) == run_key(base.config) != run_key(other.config)
+    assert base.run_dir.name == f"s0-{run_key(base.config)}"
 
 
 def test_smoke_is_the_first_seed_with_the_smoke_overrides_last(tmp_path):

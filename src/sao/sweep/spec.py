@@ -264,11 +264,42 @@ class PlannedRun:
         return [*self.overrides, f"logging.run_dir={self.run_dir}", f"name={self.arm}"]
 
 
+def _non_default(model: BaseModel) -> dict[str, Any]:
+    """The fields of ``model`` whose values differ from their defaults (nested sections recursed; a field
+    without a default always kept), as plain JSON data."""
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            sub = _non_default(value)
+            if sub:
+                out[name] = sub
+            continue
+        plain = model.model_dump(mode="json", include={name})[name]
+        if info.is_required():
+            out[name] = plain
+            continue
+        default = info.get_default(call_default_factory=True)
+        default = default.model_dump(mode="json") if isinstance(default, BaseModel) else _plain(default)
+        if plain != default:
+            out[name] = plain
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON data (the form ``model_dump(mode="json")`` gives a field)."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def run_key(cfg: RunConfig) -> str:
-    """12 hex digits identifying a run by its resolved config, ``logging.run_dir`` and ``name`` left out."""
-    data = cfg.to_yaml_dict()
+    """12 hex digits identifying a run by the values its resolved config sets away from the defaults,
+    ``logging.run_dir`` and ``name`` left out. A key added to the config later (with a default) leaves the
+    keys of existing runs as they were, so a finished run stays found; so does a changed default."""
+    data = _non_default(cfg)
     data.pop("name", None)
     data.get("logging", {}).pop("run_dir", None)
+    if data.get("logging") == {}:  # only the run dir set there: as if the section had no change
+        data.pop("logging")
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
 
 
