@@ -329,6 +329,19 @@ def test_recovery_steps_hand_computed():
     assert S.recovery_steps(steps, values, 10, smooth=5, fraction=0.1) == 2.0
 
 
+def test_recovery_starts_at_the_drop_when_the_curve_falls_late():
+    # An asynchronous run: steps 10-11 still train on pre-shift episodes (level 1), the drop is at step 12.
+    steps = np.arange(20.0)
+    values = np.array([1.0] * 12 + [0.0, 0.0, 0.5] + [1.0] * 5)
+    assert S.recovery_steps(steps, values, 10, smooth=1) == 5.0  # back at step 15, not "at once" at step 10
+    # Trailing mean of 3 from the drop: 0, 0, 1/6, 1/2, 5/6 (step 16), 1 -> 0.9 first at step 17.
+    assert S.recovery_steps(steps, values, 10, smooth=3) == 7.0
+    # A curve that never drops below the threshold is back at the first post-shift step.
+    assert S.recovery_steps(steps, np.ones(20), 10, smooth=3) == 0.0
+    # One that drops late and never comes back is censored.
+    assert S.recovery_steps(steps, np.array([1.0] * 12 + [0.0] * 8), 10) == math.inf
+
+
 def test_recovery_steps_pre_window_and_fractional_shift():
     steps = np.arange(10.0)
     values = np.array([10.0, 10.0, 2.0, 2.0, 0.0, 1.0, 1.9, 2.0, 2.0, 2.0])

@@ -309,11 +309,15 @@ def recovery_steps(
 
     ``steps``, ``values``: shape (n,), steps ascending; points with a non-finite step or value are dropped.
     Pre-shift level = mean of the last ``pre_window`` values with ``step < shift_at`` (strictly before).
-    The post-shift values (``step >= shift_at``) are smoothed with a *trailing* moving average of
-    ``smooth`` points over those values only (fewer at the start), so the answer never looks ahead.
-    Returns (first post-shift step whose smoothed value is >= ``fraction`` × pre-level) − ``shift_at``;
-    NaN when there are no pre-shift values or the pre-level is <= 0 (nothing to recover); ``math.inf``
-    when it never recovers within the data (censored: the caller reports it).
+    The recovery starts at the drop: the first post-shift value (``step >= shift_at``) below ``fraction`` ×
+    pre-level. (In an asynchronous run the steps right after a shift still train on episodes generated
+    before it, so the curve falls a few steps late; counting from the shift alone would call those steps a
+    recovery.) From the drop on, the values are smoothed with a *trailing* moving average of ``smooth``
+    points over those values only (fewer at the start), so the answer never looks ahead.
+    Returns (first step from the drop whose smoothed value is >= ``fraction`` × pre-level) − ``shift_at``;
+    (first post-shift step) − ``shift_at`` when the curve never drops; NaN when there are no pre-shift
+    values or the pre-level is <= 0 (nothing to recover); ``math.inf`` when it never recovers within the
+    data (censored: the caller reports it).
     """
     if pre_window < 1 or smooth < 1:
         raise ValueError(f"pre_window and smooth must be >= 1, got {pre_window!r} and {smooth!r}")
@@ -333,8 +337,16 @@ def recovery_steps(
     if level <= 0:
         return math.nan
     post = s >= shift_at
-    hit = np.flatnonzero(trailing_mean(v[post], smooth) >= fraction * level)
-    return float(s[post][hit[0]] - shift_at) if hit.size else math.inf
+    post_s, post_v = s[post], v[post]
+    if post_s.size == 0:
+        return math.inf
+    threshold = fraction * level
+    below = np.flatnonzero(post_v < threshold)
+    if below.size == 0:  # never dropped: back at the first post-shift step
+        return float(post_s[0] - shift_at)
+    start = below[0]
+    hit = np.flatnonzero(trailing_mean(post_v[start:], smooth) >= threshold)
+    return float(post_s[start:][hit[0]] - shift_at) if hit.size else math.inf
 
 
 def _head_count(n: int, frac: float) -> int:
