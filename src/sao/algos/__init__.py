@@ -11,7 +11,7 @@ from .aggregate import AGG_MODES, aggregate, masked_mean, masked_var, masked_whi
 from .baselines import RunningMeanBaseline, SPOTracker
 from .gae import length_adaptive_lambda, response_mask, skip_observation_gae, step_gae, step_spans, token_gae
 from .group import broadcast_to_tokens, grpo_advantages
-from .losses import dis_loss, positive_nll_loss, ppo_clip_loss
+from .losses import dis_band_state, dis_loss, positive_nll_loss, ppo_clip_loss, ppo_clip_state
 from .registry import (
     ADVANTAGE_ESTIMATORS,
     POLICY_LOSSES,
@@ -49,6 +49,7 @@ __all__ = [
     "broadcast_to_tokens",
     "compute_advantages",
     "critic_targets",
+    "dis_band_state",
     "dis_loss",
     "discounted_cumsum",
     "estimate_advantages",
@@ -63,6 +64,7 @@ __all__ = [
     "masked_whiten",
     "positive_nll_loss",
     "ppo_clip_loss",
+    "ppo_clip_state",
     "prompt_sampling_weights",
     "register_advantage_estimator",
     "register_policy_loss",

@@ -16,7 +16,7 @@ from torch import Tensor
 from .baselines import RunningMeanBaseline, SPOTracker
 from .gae import length_adaptive_lambda, response_mask, skip_observation_gae, step_gae, step_spans, token_gae
 from .group import broadcast_to_tokens, grpo_advantages
-from .losses import dis_loss, ppo_clip_loss
+from .losses import dis_band_state, dis_loss, ppo_clip_loss, ppo_clip_state
 from .packed import segment_count, seq_ids_from_cu_seqlens
 from .registry import (
     AdvantageInputs,
@@ -169,5 +169,7 @@ def _spo(inp: AdvantageInputs, params: AdvantageParams, state: Any) -> Advantage
     return _per_trajectory(inp, _spo_state(state).estimate(list(inp.prompt_ids), inp.outcomes()))
 
 
-register_policy_loss("dis", reference="rollout")(dis_loss)
-register_policy_loss("ppo_clip", reference="old")(ppo_clip_loss)
+register_policy_loss(
+    "dis", reference="rollout", token_state=lambda lp, ref, adv, lo, hi: dis_band_state(lp, ref, lo, hi)
+)(dis_loss)
+register_policy_loss("ppo_clip", reference="old", token_state=ppo_clip_state)(ppo_clip_loss)

@@ -7,6 +7,10 @@
 * :func:`ppo_clip_loss` — PPO's clipped surrogate against π_old with asymmetric (clip-higher) bounds.
 * :func:`positive_nll_loss` — VAPO's negative log-likelihood on positive (rewarded) trajectories.
 
+Per-token states (what the loss did with each token; the trajectory inspector shows them):
+:func:`dis_band_state` (−1 below the band, 0 inside, +1 above) and :func:`ppo_clip_state` (−1 clipped low,
+0 unclipped, +1 clipped high). The losses use them, so a state is exactly the mask the loss applied.
+
 Losses are to be minimised. Metrics are detached 0-d tensors (no host sync inside the loss).
 """
 
@@ -19,7 +23,7 @@ from torch import Tensor
 
 from .aggregate import LossAgg, aggregate, masked_mean
 
-__all__ = ["dis_loss", "positive_nll_loss", "ppo_clip_loss"]
+__all__ = ["dis_band_state", "dis_loss", "positive_nll_loss", "ppo_clip_loss", "ppo_clip_state"]
 
 # exp() of a log-ratio beyond this overflows float32; such tokens are far outside any band anyway.
 _MAX_LOG_RATIO = 20.0
@@ -30,6 +34,29 @@ def _check_band(eps_low: float, eps_high: float) -> None:
         raise ValueError(f"eps_low must lie in (0, 1), got {eps_low}")
     if not eps_high > 0.0:
         raise ValueError(f"eps_high must be > 0, got {eps_high}")
+
+
+def dis_band_state(logprobs: Tensor, rollout_logprobs: Tensor, eps_low: float, eps_high: float) -> Tensor:
+    """``(T,)`` int8: −1 where ``r = exp(log π_θ − log π_rollout) <= 1−ε_low``, +1 where ``r >= 1+ε_high``,
+    0 strictly inside the band (the tokens DIS keeps). Computed on log-ratios; no mask applied."""
+    _check_band(eps_low, eps_high)
+    lr = (logprobs - rollout_logprobs).detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    below = lr <= math.log1p(-eps_low)
+    above = lr >= math.log1p(eps_high)
+    return above.to(torch.int8) - below.to(torch.int8)
+
+
+def ppo_clip_state(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, eps_low: float, eps_high: float
+) -> Tensor:
+    """``(T,)`` int8: −1 where the clipped branch of PPO's min is active below (``r < 1−ε_low`` and
+    ``Â < 0``), +1 above (``r > 1+ε_high`` and ``Â > 0``), else 0 (the token's gradient flows)."""
+    _check_band(eps_low, eps_high)
+    r = torch.exp((logprobs - old_logprobs).detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO))
+    adv = advantages.detach()
+    low = (r < 1.0 - eps_low) & (adv < 0)
+    high = (r > 1.0 + eps_high) & (adv > 0)
+    return high.to(torch.int8) - low.to(torch.int8)
 
 
 def dis_loss(
@@ -68,10 +95,9 @@ def dis_loss(
     mask = action_mask.bool()
     raw_log_ratio = logprobs - rollout_logprobs
     log_ratio = raw_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
-    lr = log_ratio.detach()
-    below = lr <= math.log1p(-eps_low)
-    above = lr >= math.log1p(eps_high)
-    keep = mask & ~below & ~above
+    state = dis_band_state(logprobs, rollout_logprobs, eps_low, eps_high)
+    below, above = state < 0, state > 0
+    keep = mask & (state == 0)
     ratio = torch.exp(log_ratio)
     per_token = torch.where(keep, -ratio * advantages.detach(), torch.zeros((), dtype=ratio.dtype))
     loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
@@ -117,8 +143,8 @@ def ppo_clip_loss(
     loss = aggregate(per_token, mask, agg, cu_seqlens, denominator)
     with torch.no_grad():
         r = ratio.detach()
-        low = (r < 1.0 - eps_low) & (adv < 0)
-        high = (r > 1.0 + eps_high) & (adv > 0)
+        state = ppo_clip_state(logprobs, old_logprobs, advantages, eps_low, eps_high)
+        low, high = state < 0, state > 0
         metrics = {
             "ppo/clip_frac": masked_mean((low | high).float(), mask),
             "ppo/clip_frac_low": masked_mean(low.float(), mask),

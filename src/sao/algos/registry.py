@@ -148,10 +148,18 @@ class AdvantageEstimator:
     sampling_weights: SamplingWeightsFn | None = None
 
 
+TokenStateFn = Callable[[Tensor, Tensor, Tensor, float, float], Tensor]
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
+    """A registered policy loss: ``fn`` (see `sao.algos.losses`), the log-probs its ratio is taken to, and
+    optionally ``token_state(logprobs, reference, advantages, eps_low, eps_high)`` → ``(T,)`` int8 (−1/0/+1:
+    what the loss did with each token, e.g. DIS's band; kept for the trajectory inspector)."""
+
     fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
     reference: Literal["rollout", "old"]
+    token_state: TokenStateFn | None = None
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
@@ -185,14 +193,15 @@ def register_advantage_estimator(
 
 
 def register_policy_loss(
-    name: str, *, reference: Literal["rollout", "old"]
+    name: str, *, reference: Literal["rollout", "old"], token_state: TokenStateFn | None = None
 ) -> Callable[[Callable], Callable]:
-    """Decorator: register a policy loss under ``name`` with the log-probs its ratio is taken to."""
+    """Decorator: register a policy loss under ``name`` with the log-probs its ratio is taken to (and its
+    per-token state function, `PolicyLoss`)."""
 
     def deco(fn: Callable) -> Callable:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = PolicyLoss(fn, reference)
+        POLICY_LOSSES[name] = PolicyLoss(fn, reference, token_state)
         return fn
 
     return deco
