@@ -501,6 +501,23 @@ class LoggingConfig(_Section):
         description="Every this many seconds, append episodes in flight, queue size and the engine's "
         "counters to RUN_DIR/timeline.jsonl (occupancy plots, `sao plan --calibrate`); null = off.",
     )
+    inspect_every: int | None = Field(
+        None,
+        ge=1,
+        description="Every N steps, keep inspect_samples of the step's trajectories with what the trainer "
+        "computed per token (log-probs, DIS ratio and band, values, advantages, returns) in "
+        "RUN_DIR/inspect/ for `sao inspect`; null = off.",
+    )
+    inspect_samples: int = Field(
+        8, ge=1, description="Trajectories kept per inspected step (a seeded random choice from its batch)."
+    )
+    inspect_max_mb: float = Field(
+        256.0,
+        gt=0,
+        description="Disk bound of RUN_DIR/inspect/ in MiB: past it, kept steps are deleted (never the first "
+        "or the newest; each time the one leaving the smallest gap), so the kept steps stay spread over the "
+        "run.",
+    )
 
 
 def value_pretrain_enabled(algo: AlgoConfig, critic: CriticConfig) -> bool:

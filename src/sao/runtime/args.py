@@ -26,6 +26,7 @@ __all__ = [
     "EnvArgs",
     "EvalArgs",
     "GatewayArgs",
+    "InspectArgs",
     "LoopArgs",
     "ModelArgs",
     "RunLogArgs",
@@ -137,6 +138,20 @@ class RunLogArgs:
     run_dir: Path
     episodes: bool
     timeline_every_s: float | None
+
+
+@dataclass(frozen=True)
+class InspectArgs:
+    """The trajectory inspector's sampling (`sao.runtime.inspection`): every ``every`` steps (None: off),
+    ``samples`` trajectories of the batch, the files bounded by ``max_bytes``; ``meta`` names the run and
+    its algorithm settings in every file."""
+
+    run_dir: Path
+    every: int | None
+    samples: int
+    max_bytes: int
+    seed: int
+    meta: dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from .args import (
     EnvArgs,
     EvalArgs,
     GatewayArgs,
+    InspectArgs,
     LoopArgs,
     ModelArgs,
     RunLogArgs,
@@ -149,6 +150,18 @@ def sink_args(logging: LoggingConfig, name: str) -> SinkArgs:
 
 def run_log_args(logging: LoggingConfig) -> RunLogArgs:
     return RunLogArgs(Path(logging.run_dir), logging.episodes, logging.timeline_every_s)
+
+
+# The algorithm settings every inspection file records (the viewer shows them; a reader can recompute).
+INSPECT_META_KEYS = ("preset", "advantage", "policy_loss", "eps_low", "eps_high", "gamma", "lam_policy",
+                     "lam_critic", "adaptive_alpha", "k_critic", "step_value", "group_size")  # fmt: skip
+
+
+def inspect_args(logging: LoggingConfig, algo: AlgoConfig, trainer: TrainerConfig, name: str) -> InspectArgs:
+    meta = {"name": name, **{key: getattr(algo, key) for key in INSPECT_META_KEYS}}
+    max_bytes = int(logging.inspect_max_mb * 2**20)
+    return InspectArgs(Path(logging.run_dir), logging.inspect_every, logging.inspect_samples, max_bytes,
+                       trainer.seed, meta)  # fmt: skip
 
 
 def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig) -> EvalArgs:
@@ -258,6 +271,11 @@ FACTORIES: dict[str, Factory] = {
     "run_logs": Factory(run_log_args, ("logging",),
                         ("logging.run_dir", "logging.episodes", "logging.timeline_every_s"),
                         "episodes.jsonl and timeline.jsonl for throughput analysis (sao.runtime.run_logs)"),
+    "inspector": Factory(inspect_args, ("logging", "algo", "trainer", "name"),
+                         ("logging.run_dir", "logging.inspect_every", "logging.inspect_samples",
+                          "logging.inspect_max_mb", "trainer.seed", "name",
+                          *(f"algo.{key}" for key in INSPECT_META_KEYS)),
+                         "kept trajectories with the trainer's per-token numbers (sao.runtime.inspection)"),
     "evaluator": Factory(eval_args, ("data", "eval", "logging", "engine"),
                          ("data.eval_file", "eval.*", "logging.eval_every", "data.env", "data.env_kwargs",
                           "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",

@@ -52,6 +52,7 @@ from .evaluation import TrainingEvaluator, load_eval_files
 from .faults import EngineFailedError, NothingTrainableError, RunStopped
 from .gateway_run import RunGateway, make_verifier
 from .gateway_source import GatewaySource
+from .inspection import TrajectoryInspector
 from .observers import Books, Checkpoints, MetricsLog, StepObserver, StepRecord, WeightPush
 from .producer import Producer
 from .rollouts import collect_rollouts
@@ -256,6 +257,11 @@ class Run:
         logs = self.parts["run_logs"]
         if logs.episodes:
             self.observers.insert(2, EpisodeLog(logs.run_dir, resume_step))
+        self.inspector = TrajectoryInspector(
+            self.parts["inspector"], self.trainer, self.tokenizer, resume_step
+        )
+        if self.inspector.enabled:  # before the metrics: its runtime/inspect_s is logged with the step
+            self.observers.insert(2, self.inspector)
 
     def _gateway_source(self) -> None:
         """The session source of external agents (``data.source`` gateway/both)."""
@@ -487,9 +493,10 @@ class Run:
         trajs = sorted((t for g in groups for t in g), key=lambda t: t.metadata.get("seed") or 0)
         batch = Batch.from_trajectories(trajs)
         t1 = time.monotonic()
+        capture = self.inspector.wants(self.trainer.step + 1)
         async with self._train_lock:
             metrics = await asyncio.to_thread(
-                self.trainer.train_step, batch, policy_version=self.clock.version
+                self.trainer.train_step, batch, policy_version=self.clock.version, capture=capture
             )
             self.clock.advance(len(trajs))
         return StepRecord(

@@ -85,11 +85,16 @@ class TrainerRankActor:
         )  # fmt: skip
         return {"rank": self.rank, "pid": os.getpid(), "backend": backend}
 
-    def train_step(self, batch: Batch, indices: list[int], policy_version: int) -> dict[str, Any]:
-        metrics = self.trainer.train_step(batch, indices, policy_version=policy_version)
+    def train_step(
+        self, batch: Batch, indices: list[int], policy_version: int, capture: bool = False
+    ) -> dict[str, Any]:
+        metrics = self.trainer.train_step(batch, indices, policy_version=policy_version, capture=capture)
         if self.rank != 0:
             return {}
-        return {"metrics": metrics, "state": self.trainer.state_dict()}
+        out = {"metrics": metrics, "state": self.trainer.state_dict()}
+        if capture:
+            out["capture"] = self.trainer.trainer.last_capture
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return self.trainer.state_dict()
@@ -167,6 +172,7 @@ class TrainerGroup:
         self._adv_state = make_advantage_state(algo.advantage, AdvantageParams.from_config(algo))
         self.step = 0
         self.uses_critic = algo.uses_critic
+        self.last_capture: Any = None  # rank 0's StepCapture of the last step that captured
 
     @classmethod
     def create(cls, cluster: Any, args: TrainerGroupArgs, bundles: list[int] | None = None) -> TrainerGroup:
@@ -213,7 +219,9 @@ class TrainerGroup:
         weights = prompt_sampling_weights(self.algo.advantage, self._adv_state, prompt_ids)
         return None if weights is None else weights.tolist()
 
-    def train_step(self, batch: Batch, *, policy_version: int) -> dict[str, float]:
+    def train_step(self, batch: Batch, *, policy_version: int, capture: bool = False) -> dict[str, float]:
+        """One step on every rank (the batch sharded by trajectory); rank 0's metrics, and with ``capture``
+        its `StepCapture` in ``last_capture`` (the whole batch's: every rank has it)."""
         import ray
 
         from sao.train.split import shard_indices
@@ -222,8 +230,9 @@ class TrainerGroup:
         shards = shard_indices(list(batch.group_ids), lengths, self.world_size)
         ref = ray.put(batch)
         pairs = zip(self.ranks, shards, strict=True)
-        calls = [rank.train_step.remote(ref, shard, policy_version) for rank, shard in pairs]
+        calls = [rank.train_step.remote(ref, shard, policy_version, capture) for rank, shard in pairs]
         out = self._get(calls)[0]
+        self.last_capture = out.get("capture")
         self._mirror(out["state"])
         metrics = dict(out["metrics"])
         metrics["trainer/world_size"] = float(self.world_size)

@@ -99,10 +99,15 @@ class RankTrainer:
     def world_size(self) -> int:
         return self.collective.world_size
 
-    def train_step(self, batch: Batch, indices: Sequence[int], policy_version: int) -> dict[str, float]:
+    def train_step(
+        self, batch: Batch, indices: Sequence[int], policy_version: int, capture: bool = False
+    ) -> dict[str, float]:
         """One trainer step: ``batch`` whole (the same on every rank), ``indices`` this rank's trajectories
-        (the ranks' indices partition the batch). Returns the whole batch's metrics (the same everywhere)."""
-        return self.trainer.train_step(batch, policy_version=policy_version, shard=list(indices))
+        (the ranks' indices partition the batch). Returns the whole batch's metrics (the same everywhere).
+        ``capture``: keep the per-token quantities in ``trainer.last_capture`` (the same on every rank)."""
+        return self.trainer.train_step(
+            batch, policy_version=policy_version, shard=list(indices), capture=capture
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The trainer's state without the optimizers (those are in `save`): the same on every rank."""

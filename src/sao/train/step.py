@@ -78,6 +78,7 @@ from sao.models.forward import token_logprobs, token_values
 from sao.models.freezing import apply_freeze, trainable_parameters
 from sao.types import Batch
 
+from .capture import StepCapture
 from .collective import Collective, LocalCollective
 from .step_metrics import batch_metrics
 from .step_schedule import actor_lr_factor, critic_lr_factor
@@ -146,6 +147,11 @@ class _Accumulator:
             sums = dict(zip(names, total[:n], strict=True))
             weights = dict(zip(names, total[n:], strict=True))
         return {k: sums[k] / weights[k] if weights[k] else 0.0 for k in sums}
+
+
+def _host(x: Tensor) -> Tensor:
+    """A detached float32 CPU copy (the captured quantities)."""
+    return x.detach().float().cpu()
 
 
 def _token_slices(parts: list[Batch]) -> list[slice]:
@@ -220,6 +226,8 @@ class Trainer:
         self.skipped_steps = 0  # actor steps skipped for a non-finite loss / grad norm
         self.critic_skipped_steps = 0
         self.consecutive_skips = 0  # skipped actor steps since the last applied one
+        self.last_capture: StepCapture | None = None  # the last step's, when it was asked to capture
+        self._capture: StepCapture | None = None  # filled during a capturing step
 
     @property
     def prioritizes_prompts(self) -> bool:
@@ -285,7 +293,12 @@ class Trainer:
     # ---- the step ----------------------------------------------------------------------------------
 
     def train_step(
-        self, batch: Batch, *, policy_version: int, shard: Sequence[int] | None = None
+        self,
+        batch: Batch,
+        *,
+        policy_version: int,
+        shard: Sequence[int] | None = None,
+        capture: bool = False,
     ) -> dict[str, float]:
         """One trainer step on ``batch`` (module docstring); returns float metrics (docs/training.md).
 
@@ -293,12 +306,23 @@ class Trainer:
         ranks' shards partition the batch (any partition gives the same update; ValueError otherwise).
         None: the whole batch (one process). The metrics are the whole batch's on every rank.
 
+        ``capture``: keep the step's per-token quantities in ``last_capture`` (`StepCapture`, the whole
+        batch's on every rank; ``capture`` must then be the same on every rank). Otherwise
+        ``last_capture`` is None after the step. Capturing costs a few device-to-host copies, no forward.
+
         Raises `TrainingDiverged`, changing nothing, when more than ``trainer.max_consecutive_skips`` actor
         steps in a row were skipped."""
         if self.consecutive_skips > self.optim.max_consecutive_skips:
             raise TrainingDiverged(self.consecutive_skips, self.optim.max_consecutive_skips)
         batch = batch.to(self.device)
         step = StepShard.build(batch, shard, self.optim.micro_batch_tokens, self.collective)
+        self.last_capture = None
+        self._capture = None
+        if capture:
+            self._capture = StepCapture(
+                step=self.step + 1, policy_version=policy_version, actor_updated=False,
+                reference_kind=self.loss.reference,
+            )  # fmt: skip
         metrics = batch_metrics(batch, policy_version)
         values = None
         critic_skips = self.critic_skipped_steps
@@ -332,6 +356,9 @@ class Trainer:
             metrics["critic/skipped_steps"] = float(self.critic_skipped_steps)
         metrics["trainer/trained_tokens"] = float(batch.action_mask.sum()) if updated else 0.0
         metrics["trainer/trained_tokens_total"] = float(self.trained_tokens)
+        if self._capture is not None:
+            self._capture.actor_updated = updated
+            self.last_capture, self._capture = self._capture, None
         return metrics
 
     def _inputs(self, batch: Batch, values: Tensor | None) -> AdvantageInputs:
@@ -412,6 +439,10 @@ class Trainer:
         if ccfg.recompute_values:
             values = step.gather(self._values(parts))
             metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
+        if self._capture is not None:
+            c = self._capture
+            c.values_before, c.values_after = _host(old_values), _host(values)
+            c.returns, c.value_mask = _host(returns), mask.cpu()
         return values, metrics
 
     def _actor_phase(
@@ -441,7 +472,7 @@ class Trainer:
         positive = step.local(positive)
         n_total = float(action.sum())
         acc = _Accumulator()
-        fresh_logprobs = []
+        fresh_logprobs, entropies = [], []
         total = torch.zeros((), device=self.device)
         self.actor_optim.zero_grad(set_to_none=True)
         for part, sl in zip(parts, _token_slices(parts), strict=True):
@@ -468,6 +499,8 @@ class Trainer:
             loss.backward()
             total = total + loss.detach()
             fresh_logprobs.append(lp.detach())
+            if self._capture is not None:
+                entropies.append(entropy.detach())
             n_action = float(mask.sum())
             # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
             scale = n_total / max(n_action, 1.0)
@@ -492,6 +525,8 @@ class Trainer:
             )
         else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
             self.actor_optim.zero_grad(set_to_none=True)
+        if self._capture is not None:
+            self._capture_actor(step, result.advantages, fresh_logprobs, entropies, reference, old_logprobs)
         metrics = acc.means(self.collective)
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(
@@ -504,6 +539,27 @@ class Trainer:
         if divergence is not None:
             metrics[f"{algo.advantage}/divergence_mean"] = float(divergence.mean())  # spo/divergence_mean
         return metrics, applied
+
+    def _capture_actor(
+        self,
+        step: StepShard,
+        advantages: Tensor,
+        fresh: list[Tensor],
+        entropies: list[Tensor],
+        reference: Tensor,
+        old_logprobs: Tensor | None,
+    ) -> None:
+        """The actor phase's per-token quantities into the step's `StepCapture`, in whole-batch order
+        (``reference`` is this rank's, like ``fresh`` and ``entropies``)."""
+        c = self._capture
+        assert c is not None
+        logprobs = step.gather(torch.cat(fresh).float())
+        ref = step.gather(reference.float()) if old_logprobs is None else old_logprobs.float()
+        c.advantages, c.logprobs = _host(advantages), _host(logprobs)
+        c.reference, c.entropy = _host(ref), _host(step.gather(torch.cat(entropies).float()))
+        if self.loss.token_state is not None:
+            state = self.loss.token_state(logprobs, ref, advantages, self.algo.eps_low, self.algo.eps_high)
+            c.token_state = state.to(torch.int8).cpu()
 
     def _logprobs(self, part: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         return token_logprobs(self.actor, part, temperature=self.temperature, with_entropy=with_entropy)
