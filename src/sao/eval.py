@@ -73,7 +73,7 @@ class EvalSettings:
     concurrency: int = 32
     env: str | None = None
     limit: int | None = None
-    transcripts: bool = False  # keep each sample's decoded episode text (prompt and all turns) in the report
+    transcripts: bool = False  # keep each sample's episode in the report: its text and tokens (`sao inspect`)
     env_timeout_s: float | None = None  # seconds each env call may take (None: forever)
 
     def __post_init__(self) -> None:
@@ -160,8 +160,11 @@ async def _run_sample(
             token_digest=hashlib.sha256(str(traj.token_ids).encode()).hexdigest()[:16],
             error=traj.metadata.get("error"),
         )
-        if settings.transcripts:
+        if (
+            settings.transcripts
+        ):  # the text, and the tokens `sao inspect` shows (the trajectory less metadata)
             record["transcript"] = tokenizer.decode(traj.token_ids)
+            record["trajectory"] = {k: v for k, v in traj.to_dict().items() if k != "metadata"}
         infos = traj.metadata.get("infos") or [{}]
         record["info"] = {key: _short(value) for key, value in infos[-1].items() if _is_scalar(value)}
     except Exception as err:  # one broken episode is reported, it does not end the evaluation

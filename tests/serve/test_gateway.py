@@ -78,6 +78,23 @@ def test_two_turn_session_is_recorded_token_exactly(gateway, client, tiny_moe_di
     assert gateway["out"].read_text().count(traj.traj_id) == 1
 
 
+def test_recorded_sessions_open_in_the_trajectory_inspector(gateway, client, tiny_moe_dir):
+    import httpx
+
+    from sao.inspector import load_source, render_html
+
+    sid = "session-inspected"
+    client.chat.completions.create(model="sao", messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+                                   seed=3, extra_headers={"X-Session-Id": sid})  # fmt: skip
+    assert httpx.post(f"{gateway['url']}/v1/sessions/{sid}/reward", json={"reward": 0.5}).status_code == 200
+    doc = load_source(gateway["out"], tokenizer=tiny_moe_dir)
+    (rec,) = [r for r in doc["trajectories"] if r["session_id"] == sid]
+    (traj,) = [t for t in gateway["received"] if t.prompt_id == sid]
+    assert rec["tokens"]["id"] == traj.token_ids and rec["reward"] == 0.5
+    assert rec["tokens"]["role"].count("a") == traj.num_action_tokens
+    assert sid in render_html(doc)
+
+
 def test_edited_history_is_recorded_as_a_flagged_branch(gateway, client):
     import httpx
 

@@ -8,7 +8,7 @@ Module import stays light (no torch/transformers): commands import heavy modules
 
 from __future__ import annotations
 
-from sao.cli import config, models, plan, run, sweep
+from sao.cli import config, inspect, models, plan, run, sweep
 from sao.cli.common import app
 
-__all__ = ["app", "config", "models", "plan", "run", "sweep"]
+__all__ = ["app", "config", "inspect", "models", "plan", "run", "sweep"]

@@ -126,7 +126,10 @@ def eval_command(
     limit: Annotated[int | None, typer.Option(help="Evaluate only the first N tasks of each file.")] = None,
     out: Annotated[str | None, typer.Option("--out", help="Write the full report (JSON) here.")] = None,
     transcripts: Annotated[
-        bool, typer.Option(help="Keep every sample's decoded episode text in the --out report.")
+        bool,
+        typer.Option(
+            help="Keep every sample's episode (text and tokens) in the --out report (`sao inspect`)."
+        ),
     ] = False,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16.")] = "auto",
