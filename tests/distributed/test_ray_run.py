@@ -103,6 +103,7 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
     assert session_processes(temp_dir) == []  # the cluster the run started is gone
 
 
+@pytest.mark.slow  # ~1 min: two Ray clusters (the killed driver's, the resumed run's); `make test-slow`
 def test_a_ray_driver_killed_with_sigkill_resumes_from_its_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     ray_dir = Path(tempfile.mkdtemp(prefix="sao-ray-t", dir="/tmp"))  # short: Ray's socket paths live here
