@@ -4,7 +4,7 @@
         --step 70 --colour advantage
 
 Opens the report, picks the kept trajectory of ``--step`` with the most turns (ties: the highest reward),
-colours its tokens by ``--colour``, hovers its first action token of the last turn (the tooltip shows every
+colours its tokens by ``--colour``, clicks the first action token of its last turn (the panel shows every
 number of that token) and saves a ``--width`` × ``--height`` PNG. Needs chromium, chromedriver and
 selenium (`make install` sets them up where it can).
 """
@@ -62,7 +62,8 @@ def main() -> None:
         Select(browser.find_element(By.ID, "colour-by")).select_by_value(args.colour)
         segments = browser.find_elements(By.CSS_SELECTOR, "#conversation .segment.action")
         token = segments[-1].find_element(By.CSS_SELECTOR, ".tok")
-        ActionChains(browser).move_to_element(token).perform()
+        token.click()  # pins its numbers in the panel
+        ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
         browser.save_screenshot(args.out)
         print(f"trajectory #{pick} -> {args.out}")
     finally:
