@@ -61,7 +61,8 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
     # the bottleneck, so the replicas are mid-reply when each step's weights arrive.
     cfg = _cfg(tmp_path / "run", "trainer.total_steps=4", "runtime.weight_sync=broadcast",
                "engine.max_new_tokens=160", "data.max_total_tokens=400", "engine.max_concurrent=2",
-               "runtime.max_staleness=2", "runtime.max_in_flight=12")  # fmt: skip
+               "runtime.max_staleness=2", "runtime.max_in_flight=12",
+               "logging.inspect_every=2", "logging.inspect_samples=2")  # fmt: skip
 
     async def main():
         run = Run(cfg)
@@ -101,6 +102,13 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
     assert max(r["lag/version_span_max"] for r in steps) >= 1
     assert watch.aborted == 0  # weight updates never aborted a request
     assert session_processes(temp_dir) == []  # the cluster the run started is gone
+    # rank 0 sent back what the sharded step computed: the kept trajectories have the trainer's numbers
+    from sao.inspector import read_step_files
+
+    kept = read_step_files(run.run_dir)
+    assert [d["step"] for d in kept] == [2, 4] and all(len(d["trajectories"]) == 2 for d in kept)
+    tokens = kept[-1]["trajectories"][0]["tokens"]
+    assert {"advantage", "value_after", "logprob", "state"} <= set(tokens)
 
 
 @pytest.mark.slow  # ~1 min: two Ray clusters (the killed driver's, the resumed run's); `make test-slow`
