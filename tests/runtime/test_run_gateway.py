@@ -81,7 +81,8 @@ def test_fifty_concurrent_sessions_across_five_updates_lose_and_duplicate_nothin
     assert sessions["admitted"] == sum(v for k, v in sessions.items() if k != "admitted")
     ends = Counter(p.end for p in played)
     assert ends["rewarded"] >= 50 and ends["abandoned"] >= 1 and ends["refused"] >= 1
-    assert sessions["abandoned"] == books.drops_by_reason.get("abandoned", 0) >= 1
+    # an abandoned session is a dropped start in the books, unless it was one of value pretraining's
+    assert 1 <= books.drops_by_reason.get("abandoned", 0) <= sessions["abandoned"] <= ends["abandoned"]
     assert sessions["discarded"] == ends["refused"]  # a refused first request gave its start back
 
     # Nothing trained twice; only rewarded sessions trained; every rewarded session trained or still queued.
@@ -90,9 +91,11 @@ def test_fifty_concurrent_sessions_across_five_updates_lose_and_duplicate_nothin
     queued = {t.metadata["session_id"] for group in run.queue._queue for t in group}
     rewarded = {p.sid for p in played if p.end == "rewarded"}
     trained_ids = {sid for sid, _ in keys}
-    corpus = run.gateway_source.counters["pretrain/trajectories"]
+    corpus = asyncio.run(run.gateway_source.pretrain_corpus())  # done: returns at once
+    assert len(corpus) == run.gateway_source.counters["pretrain/trajectories"]
     assert trained_ids <= rewarded and not trained_ids & queued
-    assert len(rewarded - trained_ids - queued) == corpus  # the rest went to value pretraining
+    # the rest went to value pretraining (a session there that branched gave it two trajectories)
+    assert rewarded - trained_ids - queued == {t.metadata["session_id"] for t in corpus}
     assert all(t.metadata["prefix_mismatch"] == (t.metadata["branch"] == 1) for t in trained)
 
     # Token for token what the engine returned to the agent, and versions switching mid-session.
@@ -103,6 +106,13 @@ def test_fifty_concurrent_sessions_across_five_updates_lose_and_duplicate_nothin
         if p.branched:
             continue
         action = [i for i, m in enumerate(traj.action_mask) if m]
+        if traj.metadata["prefix_mismatch"]:
+            # The agent edited nothing, yet the history came back different from the record (seen about once
+            # in a few runs: some reply of the tiny random model does not render back token for token), so
+            # the gateway opened a branch, as it must. The branch's actions are the turns after the
+            # difference, as generated.
+            assert p.token_ids[-len(action) :] == [traj.token_ids[i] for i in action]
+            continue
         assert [traj.token_ids[i] for i in action] == p.token_ids
         assert [traj.rollout_logprobs[i] for i in action] == p.logprobs  # exactly: JSON round-trips floats
         assert [traj.versions[i] for i in action] == p.versions
