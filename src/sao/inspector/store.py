@@ -60,6 +60,12 @@ class InspectStore:
         self._thin()
         return path
 
+    def rewind(self, step: int) -> None:
+        """Delete the files of the steps after ``step`` (a resumed run trains them again)."""
+        for kept, path in step_files(self.directory):
+            if kept > step:
+                path.unlink(missing_ok=True)
+
     def total_bytes(self) -> int:
         return sum(p.stat().st_size for _, p in step_files(self.directory))
 

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from sao.inspector.records import train_records
-from sao.inspector.store import InspectStore, step_files
+from sao.inspector.store import InspectStore
 
 from .args import InspectArgs
 from .observers import StepRecord
@@ -38,10 +38,8 @@ class TrajectoryInspector:
     ) -> None:
         self.args, self.trainer, self.tokenizer = args, trainer, tokenizer
         self.store = InspectStore(args.run_dir, args.max_bytes, args.meta)
-        if resume_step is not None:  # the steps after the checkpoint are trained again
-            for step, path in step_files(self.store.directory):
-                if step > max(resume_step, 0):
-                    path.unlink(missing_ok=True)
+        if resume_step is not None:  # the steps after the checkpoint (-1: none) are trained again
+            self.store.rewind(max(resume_step, 0))
 
     @property
     def enabled(self) -> bool:

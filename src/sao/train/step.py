@@ -461,9 +461,9 @@ class Trainer:
         inputs = self._inputs(batch, values)
         result = estimate_advantages(algo.advantage, inputs, self.params, self.adv_state)
         advantages = step.local(result.advantages.detach())
-        reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
-        assert reference is not None
-        reference = step.local(reference)
+        whole_reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
+        assert whole_reference is not None
+        reference = step.local(whole_reference)
         positive = (batch.outcome_rewards > 0)[batch.seq_ids]
         agg = algo.loss_agg
         # whole-batch counts: the ranks' micro-batch losses add up to the batch's loss
@@ -526,7 +526,7 @@ class Trainer:
         else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
             self.actor_optim.zero_grad(set_to_none=True)
         if self._capture is not None:
-            self._capture_actor(step, result.advantages, fresh_logprobs, entropies, reference, old_logprobs)
+            self._capture_actor(step, result.advantages, fresh_logprobs, entropies, whole_reference)
         metrics = acc.means(self.collective)
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(
@@ -547,14 +547,13 @@ class Trainer:
         fresh: list[Tensor],
         entropies: list[Tensor],
         reference: Tensor,
-        old_logprobs: Tensor | None,
     ) -> None:
         """The actor phase's per-token quantities into the step's `StepCapture`, in whole-batch order
-        (``reference`` is this rank's, like ``fresh`` and ``entropies``)."""
+        (``fresh`` and ``entropies`` are this rank's micro-batches', ``reference`` the whole batch's)."""
         c = self._capture
         assert c is not None
         logprobs = step.gather(torch.cat(fresh).float())
-        ref = step.gather(reference.float()) if old_logprobs is None else old_logprobs.float()
+        ref = reference.float()
         c.advantages, c.logprobs = _host(advantages), _host(logprobs)
         c.reference, c.entropy = _host(ref), _host(step.gather(torch.cat(entropies).float()))
         if self.loss.token_state is not None:
