@@ -313,3 +313,39 @@ def _flat(data: dict, prefix: str = "") -> list[tuple[str, str]]:
 def test_cluster_settings_that_cannot_work_are_refused_at_load_naming_the_key(overrides, message) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.path=ckpt", "model.tiny_tokenizer=bpe"], r"model\.tiny_tokenizer applies to tiny models"),
+        (["model.tiny_arch=qwen3", "model.dtype=float16"], r"model\.dtype=float16: .*loss scaling"),
+        (["model.tiny_arch=qwen3", "model.master_dtype=float16"], r"model\.master_dtype"),
+        (["model.tiny_arch=qwen3", "model.attn_implementation=flash"], r"model\.attn_implementation"),
+    ],
+)
+def test_model_precision_and_tokenizer_keys_that_cannot_work_are_refused(overrides, message) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_paper_configs_train_with_fp32_master_weights_and_bf16_compute() -> None:
+    for path in sorted((REPO / "configs" / "paper").glob("*.yaml")):
+        cfg = load_config(path, [])
+        assert (cfg.model.dtype, cfg.model.master_dtype, cfg.engine.dtype) == (
+            "bfloat16",
+            "float32",
+            "bfloat16",
+        )
+        assert cfg.model.gradient_checkpointing is True, path
+
+
+def test_the_bpe_quickstart_differs_from_the_quickstart_only_in_tokenizer_template_and_paths() -> None:
+    plain = load_config(QUICKSTART, []).to_yaml_dict()
+    bpe = load_config(REPO / "configs" / "quickstart_bpe.yaml", []).to_yaml_dict()
+    assert (bpe["model"]["chat_template"], bpe["model"]["enable_thinking"]) == ("qwen3", True)
+    for cfg in (plain, bpe):
+        cfg.pop("name")
+        cfg["model"].update(path=None, chat_template=None, enable_thinking=None)
+        cfg["data"]["eval_file"] = cfg["logging"]["run_dir"] = None
+    assert plain == bpe

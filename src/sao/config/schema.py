@@ -29,7 +29,8 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    """The policy backbone (the critic shares it): a local HF checkpoint or a tiny random model."""
+    """The policy backbone (the critic shares it): a local HF checkpoint or a tiny random model; its tokenizer
+    and chat template; how the trainer holds and computes it (docs/models.md)."""
 
     path: str | None = Field(
         None, description="Local Hugging Face checkpoint directory. Exclusive with tiny_arch."
@@ -41,8 +42,40 @@ class ModelConfig(_Section):
     tiny_size: Literal["test", "small"] = Field(
         "test", description="Tiny model size: 'test' (unit tests) or 'small' (CPU quickstart)."
     )
+    tiny_tokenizer: Literal["byte", "bpe"] = Field(
+        "byte",
+        description="Tokenizer of a tiny model: 'byte' (256 byte tokens, no merges) or 'bpe' (byte-level BPE "
+        "with ~4k tokens, trained locally on sao's env text). Only with tiny_arch.",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="Chat template override: a .jinja file, or a template shipped with sao ('qwen3', "
+        "'hermes', 'sao'); used for every rendering (episodes, gateway, evaluation). null: the checkpoint's.",
+    )
+    enable_thinking: bool | None = Field(
+        None,
+        description="Passed to the chat template as enable_thinking (Qwen3: false adds an empty think block "
+        "to each generation prompt); null passes nothing.",
+    )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Parameter dtype; 'auto' = bfloat16 on GPU, float32 on CPU."
+        "auto",
+        description="Compute dtype of the trainer's forward and backward; 'auto' = bfloat16 on GPU, float32 "
+        "on CPU. float16 is refused (it needs loss scaling, which sao does not do).",
+    )
+    master_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype of the trainer's weights, gradients, gradient reduction and AdamW state "
+        "(float32: master weights; bfloat16: pure bf16, where small updates round away).",
+    )
+    attn_implementation: Literal["sdpa", "flash_attention_2", "eager"] = Field(
+        "sdpa",
+        description="Attention kernel of the trainer's packed forward (per trajectory): 'sdpa' (torch's "
+        "scaled_dot_product_attention), 'flash_attention_2' (needs the flash_attn package), 'eager'.",
+    )
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Activation checkpointing per decoder layer (actor and critic); null = on when the "
+        "trainer runs on CUDA, off on CPU.",
     )
     device: str = Field(
         "auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."
@@ -52,6 +85,13 @@ class ModelConfig(_Section):
     def _exactly_one_source(self) -> ModelConfig:
         if (self.path is None) == (self.tiny_arch is None):
             raise ValueError("set exactly one of model.path and model.tiny_arch")
+        if self.tiny_arch is None and self.tiny_tokenizer != "byte":
+            raise ValueError("model.tiny_tokenizer applies to tiny models (model.tiny_arch), not model.path")
+        if self.dtype == "float16":
+            raise ValueError(
+                "model.dtype=float16: half-precision training needs loss scaling, which sao does not do; "
+                "use bfloat16 (engine.dtype may be float16)"
+            )
         return self
 
 
@@ -119,6 +159,11 @@ class EngineConfig(_Section):
     top_k: int = Field(-1, ge=-1, description="Top-k sampling; -1 disables.")
     max_new_tokens: int = Field(2048, ge=1, description="Tokens generated per model turn.")
     max_concurrent: int = Field(64, ge=1, description="Sequences the engine decodes at once.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="Dtype of the engine's weights (independent of the trainer's; weights are cast inside "
+        "each push); 'auto' = bfloat16 on GPU, float32 on CPU.",
+    )
     python: str | None = Field(
         None,
         description="backend=vllm/sglang: python of the virtualenv with the server "

@@ -21,6 +21,7 @@ from sao.serve.hooks import SessionRules
 
 __all__ = [
     "CheckpointArgs",
+    "ComputeArgs",
     "CriticArgs",
     "EngineArgs",
     "EnvArgs",
@@ -34,6 +35,7 @@ __all__ = [
     "SinkArgs",
     "StalenessArgs",
     "TaskArgs",
+    "TokenizerArgs",
     "TrainerArgs",
     "ValuePretrainArgs",
 ]
@@ -48,13 +50,32 @@ class ModelArgs:
 
 
 @dataclass(frozen=True)
+class ComputeArgs:
+    """How the trainer holds and computes a model (actor and critic alike; `sao.models.precision`)."""
+
+    dtype: str  # compute dtype of forward and backward (model.dtype)
+    master_dtype: str  # weights, gradients, their reduction, AdamW state
+    device: str
+    attn_implementation: str
+    gradient_checkpointing: bool | None  # None: on with CUDA
+
+
+@dataclass(frozen=True)
 class CriticArgs:
-    """Whether the run has a critic, and how a new value head starts."""
+    """Whether the run has a critic, how a new value head starts, how the trainer holds it."""
 
     enabled: bool
     head_init: str
-    dtype: str
-    device: str
+    compute: ComputeArgs
+
+
+@dataclass(frozen=True)
+class TokenizerArgs:
+    """The chat template every rendering uses (an override, or None: the checkpoint's) and the
+    ``enable_thinking`` value passed to it (None: none)."""
+
+    chat_template: str | None
+    enable_thinking: bool | None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from sao.rollout.agent_loop import AgentLoopConfig
 from .args import (
     CheckpointArgs,
     ClusterArgs,
+    ComputeArgs,
     CriticArgs,
     EngineArgs,
     EnvArgs,
@@ -52,6 +53,7 @@ from .args import (
     SinkArgs,
     StalenessArgs,
     TaskArgs,
+    TokenizerArgs,
     TrainerArgs,
     ValuePretrainArgs,
 )
@@ -62,6 +64,7 @@ __all__ = [
     "Factory",
     "build_env_factory",
     "build_tasks",
+    "build_tokenizer",
     "build_trainer",
 ]
 
@@ -73,13 +76,23 @@ def actor_args(model: ModelConfig, trainer: TrainerConfig) -> ModelArgs:
     return ModelArgs(model, trainer.seed)
 
 
+def compute_args(model: ModelConfig) -> ComputeArgs:
+    return ComputeArgs(
+        model.dtype, model.master_dtype, model.device, model.attn_implementation, model.gradient_checkpointing
+    )
+
+
 def critic_args(algo: AlgoConfig, critic: CriticConfig, model: ModelConfig) -> CriticArgs:
-    return CriticArgs(algo.uses_critic, critic.head_init, model.dtype, model.device)
+    return CriticArgs(algo.uses_critic, critic.head_init, compute_args(model))
+
+
+def tokenizer_args(model: ModelConfig) -> TokenizerArgs:
+    return TokenizerArgs(model.chat_template, model.enable_thinking)
 
 
 def engine_args(engine: EngineConfig, model: ModelConfig, trainer: TrainerConfig) -> EngineArgs:
     return EngineArgs(
-        engine.backend, model.device, model.dtype, engine.max_concurrent, trainer.seed,
+        engine.backend, model.device, engine.dtype, engine.max_concurrent, trainer.seed,
         engine.threads, engine.python, engine.attach, tuple(engine.server_args), engine.max_restarts,
     )  # fmt: skip
 
@@ -219,18 +232,24 @@ def _section(cfg: RunConfig, path: str) -> Any:
     return value
 
 
-_MODEL_SOURCE = ("model.path", "model.tiny_arch", "model.tiny_size", "model.dtype", "model.device")
+_MODEL_SOURCE = ("model.path", "model.tiny_arch", "model.tiny_size", "model.tiny_tokenizer", "model.device")
+_COMPUTE = ("model.dtype", "model.master_dtype", "model.attn_implementation", "model.gradient_checkpointing",
+            "model.device")  # fmt: skip
 
 FACTORIES: dict[str, Factory] = {
-    "actor": Factory(actor_args, ("model", "trainer"), (*_MODEL_SOURCE, "trainer.seed"),
-                     "the policy checkpoint and the trainer's actor (sao.models.loading)"),
+    "actor": Factory(actor_args, ("model", "trainer"), (*_MODEL_SOURCE, *_COMPUTE, "trainer.seed"),
+                     "the policy checkpoint and the trainer's actor: master weights, compute dtype, "
+                     "attention kernel, checkpointing (sao.models.loading, sao.models.precision)"),
     "critic": Factory(critic_args, ("algo", "critic", "model"),
-                      ("algo.advantage", "critic.head_init", "model.dtype", "model.device"),
+                      ("algo.advantage", "critic.head_init", *_COMPUTE),
                       "the critic: policy backbone + value head (sao.models.critic.load_critic)"),
+    "tokenizer": Factory(tokenizer_args, ("model",), ("model.chat_template", "model.enable_thinking"),
+                         "the run's tokenizer and chat template, used by every rendering "
+                         "(sao.runtime.build.build_tokenizer)"),
     "engine": Factory(engine_args, ("engine", "model", "trainer"),
                       ("engine.backend", "engine.max_concurrent", "engine.threads", "engine.python",
-                       "engine.attach", "engine.server_args", "engine.max_restarts", "model.device",
-                       "model.dtype", "trainer.seed"),
+                       "engine.attach", "engine.server_args", "engine.max_restarts", "engine.dtype",
+                       "model.device", "trainer.seed"),
                       "the rollout engine (sao.runtime.engines.start_engine)"),
     "agent_loop": Factory(agent_loop_args, ("data", "engine"),
                           ("data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
@@ -299,6 +318,7 @@ FACTORIES: dict[str, Factory] = {
 # other algo/critic keys (sao.config.loading). Values refused at load name the key and why.
 READ_AT_LOAD: dict[str, str] = {"algo.preset": "selects the preset applied before the YAML and overrides"}
 REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {
+    "model.dtype": {"float16": "fp16 training needs loss scaling, which sao does not do (use bfloat16)"},
     "runtime.weight_sync": {
         "vllm": "vLLM's native NCCL weight transfer is not driven by runs yet (use 'disk')",
         "sglang": "SGLang's native NCCL weight transfer is not driven by runs yet (use 'disk')",
@@ -315,6 +335,31 @@ def build_trainer(cfg: RunConfig, actor: Any, critic: Any) -> Any:
 
     args: TrainerArgs = FACTORIES["trainer"](cfg)
     return Trainer(actor, critic, args.algo, args.critic, args.optim, temperature=args.temperature)
+
+
+def build_tokenizer(args: TokenizerArgs, checkpoint: Path) -> Any:
+    """The run's tokenizer: ``checkpoint``'s, with ``model.chat_template`` replacing its template and
+    ``model.enable_thinking`` bound in it (so every rendering — episodes, gateway sessions, evaluation, a
+    checkpoint's saved tokenizer — sees the same value). Raises `ConfigError` naming the key."""
+    from sao.models.loading import load_tokenizer
+    from sao.models.templates import bind_template_variables, load_chat_template
+
+    tokenizer = load_tokenizer(checkpoint)
+    if args.chat_template is not None:
+        try:
+            tokenizer.chat_template = load_chat_template(args.chat_template)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"model.chat_template: {err}") from None
+    if not tokenizer.chat_template:
+        raise ConfigError(
+            f"model.chat_template: the tokenizer of {str(checkpoint)!r} has no chat template; name one "
+            "(a .jinja file, or 'qwen3', 'hermes', 'sao')"
+        )
+    if args.enable_thinking is not None:
+        tokenizer.chat_template = bind_template_variables(
+            tokenizer.chat_template, enable_thinking=args.enable_thinking
+        )
+    return tokenizer
 
 
 def build_env_factory(args: EnvArgs) -> Callable[[], Env]:
