@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-gateway test test-slow lint format install clean test-vllm
+.PHONY: demo demo-bpe demo-gateway test test-slow lint format install clean test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,24 @@ demo: install
 	$(BIN)/sao plot $(QS)/rl --out $(QS)/rl/metrics.png
 	$(BIN)/sao inspect $(QS)/rl
 	$(BIN)/python examples/compare_evals.py $(QS)/eval_sft.json $(QS)/eval_rl.json
+
+# The quickstart with a real tokenizer and template (about the same time): a byte-level BPE tokenizer trained
+# locally and a Qwen3-like chat template (strips earlier <think> blocks, merges tool results), thinking on.
+QB ?= runs/quickstart_bpe
+QB_EVAL = --tasks $(QB)/heldout.jsonl --env calculator --k 4 --max-tokens-per-turn 64
+demo-bpe: install
+	$(BIN)/sao config configs/quickstart_bpe.yaml > /dev/null
+	$(BIN)/sao init-model --arch qwen3_moe --size small --tokenizer bpe --chat-template qwen3 --out $(QB)/base
+	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --think --out $(QB)/chats.jsonl
+	$(BIN)/sao sft --model $(QB)/base --data $(QB)/chats.jsonl --out $(QB)/sft --steps 1000 --lr 3e-3 \
+		--batch-size 32 --eval-every 250
+	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QB)/heldout.jsonl
+	$(BIN)/sao eval --model $(QB)/sft $(QB_EVAL) --out $(QB)/eval_sft.json
+	rm -rf $(QB)/rl
+	$(BIN)/sao train configs/quickstart_bpe.yaml logging.run_dir=$(QB)/rl model.path=$(QB)/sft
+	$(BIN)/sao eval --model $(QB)/rl/checkpoints/step_00000080/actor $(QB_EVAL) --out $(QB)/eval_rl.json
+	$(BIN)/sao plot $(QB)/rl --out $(QB)/rl/metrics.png
+	$(BIN)/python examples/compare_evals.py $(QB)/eval_sft.json $(QB)/eval_rl.json
 
 # The gateway demo (about 7 minutes on 2 cores, plus the quickstart's warm start if runs/quickstart/sft is
 # missing): the quickstart's model adapted to prompts that carry the calc tool's schema, then trained online

@@ -7,6 +7,7 @@ is competent but imperfect, as an RL starting point should be.
 
     python examples/make_tool_chats.py --n 200 --out runs/demo/chats.jsonl
     python examples/make_tool_chats.py --n 200 --tools --out runs/demo/chats.jsonl   # schema in the prompt
+    python examples/make_tool_chats.py --n 200 --think --out runs/demo/chats.jsonl   # <think> first
 """
 
 from __future__ import annotations
@@ -30,9 +31,16 @@ def main() -> None:
         action="store_true",
         help="show the calc tool's schema in every prompt (as an OpenAI-SDK agent's tools=[...] does)",
     )
+    parser.add_argument(
+        "--think",
+        action="store_true",
+        help="open every assistant turn with a short <think> block (for a thinking template such as qwen3)",
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    conversations = calculator_conversations(args.n, args.seed, direct_frac=args.direct_frac)
+    conversations = calculator_conversations(
+        args.n, args.seed, direct_frac=args.direct_frac, think=args.think
+    )
     count = write_jsonl(conversations, args.out, tools=[calculator.TOOL_SCHEMA] if args.tools else None)
     print(f"wrote {count} conversations to {args.out}")
 

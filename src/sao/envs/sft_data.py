@@ -45,6 +45,7 @@ __all__ = [
     "play_episode",
     "style_conversations",
     "style_reply",
+    "thinking",
     "write_jsonl",
 ]
 
@@ -76,11 +77,25 @@ def _play_all(env: Env, episodes: list[tuple[Task, Policy]]) -> list[list[Messag
     return asyncio.run(run())
 
 
+def thinking(policy: Policy) -> Policy:
+    """``policy`` with a short reasoning block before each reply, as a thinking model (Qwen3) writes it:
+    ``<think>\n…\n</think>\n\n`` then the reply (the env reads the whole text, so its parsing sees
+    through it)."""
+
+    def think_then_reply(messages: list[Message]) -> str:
+        text = policy(messages)
+        thought = "use the calc tool" if "<tool_call>" in text else "answer now"
+        return f"<think>\n{thought}\n</think>\n\n{text}"
+
+    return think_then_reply
+
+
 def calculator_conversations(
-    n: int, seed: int = 0, direct_frac: float = 0.2, direct_wrong_frac: float = 0.5
+    n: int, seed: int = 0, direct_frac: float = 0.2, direct_wrong_frac: float = 0.5, think: bool = False
 ) -> list[list[Message]]:
     """``n`` calculator episodes on ``calculator.make_tasks(n, seed)``; see the module docstring. (The
-    messages do not depend on the tool schema; write them with ``tools=[calculator.TOOL_SCHEMA]`` for it.)"""
+    messages do not depend on the tool schema; write them with ``tools=[calculator.TOOL_SCHEMA]`` for it.)
+    ``think``: every assistant turn opens with a short ``<think>`` block (`thinking`)."""
     rng = random.Random(f"sft-calculator-{seed}")
     episodes: list[tuple[Task, Policy]] = []
     for task in calculator.make_tasks(n, seed):
@@ -91,6 +106,8 @@ def calculator_conversations(
             episodes.append((task, lambda _msgs, v=value: calculator.answer_text(v)))
         else:
             episodes.append((task, lambda msgs, t=task: calculator.optimal_policy(t, msgs)))
+    if think:
+        episodes = [(task, thinking(policy)) for task, policy in episodes]
     return _play_all(calculator.CalculatorEnv(), episodes)
 
 
