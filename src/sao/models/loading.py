@@ -1,8 +1,9 @@
 """Loading a policy and its tokenizer from a local Hugging Face checkpoint directory.
 
 Everything is offline (``local_files_only=True``): a path is a directory on disk, never a hub id. A run
-config names either a checkpoint (``model.path``) or a tiny architecture (``model.tiny_arch``), which
-`model_from_config` materialises once under a cache directory and reuses afterwards.
+config names either a checkpoint (``model.path``) or a tiny architecture (``model.tiny_arch``, with its
+tokenizer ``model.tiny_tokenizer``), which `model_from_config` materialises once under a cache directory and
+reuses afterwards.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from sao.config import ModelConfig
 from sao.models.tiny import TinyArch, TinySize, tiny_checkpoint, tiny_config
-from sao.models.tokenizer import build_tokenizer
+from sao.models.tokenizer import TokenizerKind, build_named_tokenizer
 
 __all__ = ["load_policy", "load_tokenizer", "model_from_config", "resolve_device", "resolve_dtype"]
 
@@ -80,12 +81,22 @@ def checkpoint_dir(path: str | Path) -> Path:
     return directory
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer saved in checkpoint directory ``path`` (offline)."""
+def load_tokenizer(path: str | Path, chat_template: str | None = None) -> PreTrainedTokenizerBase:
+    """The tokenizer saved in checkpoint directory ``path`` (offline); ``chat_template`` (a shipped name or a
+    file, `sao.models.templates.load_chat_template`) replaces its chat template. Raises FileNotFoundError
+    for a missing directory, ValueError for an unknown template."""
     directory = Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"tokenizer directory {str(directory)!r} does not exist")
-    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    template = None
+    if chat_template is not None:
+        from sao.models.templates import load_chat_template
+
+        template = load_chat_template(chat_template)  # before loading: a bad name fails fast
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    if template is not None:
+        tokenizer.chat_template = template
+    return tokenizer
 
 
 def load_policy(
@@ -113,31 +124,35 @@ def load_policy(
     return model.to(target)
 
 
-def _tiny_digest(arch: TinyArch, size: TinySize) -> str:
-    """8 hex digits naming what a tiny checkpoint holds (config and tokenizer), so a cached one is rebuilt
-    when either changes."""
-    tokenizer = build_tokenizer()
-    content = tiny_config(arch, size).to_json_string(use_diff=False)
+def _tiny_digest(arch: TinyArch, size: TinySize, tokenizer_kind: TokenizerKind = "byte") -> str:
+    """8 hex digits naming what a tiny checkpoint holds (config and tokenizer of ``tokenizer_kind``), so a
+    cached one is rebuilt when either changes."""
+    tokenizer = build_named_tokenizer(tokenizer_kind)
+    content = tiny_config(arch, size, tokenizer_kind).to_json_string(use_diff=False)
     content += tokenizer.backend_tokenizer.to_str() + str(tokenizer.chat_template)
     return hashlib.sha256(content.encode()).hexdigest()[:8]
 
 
 def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) -> Path:
     """The checkpoint directory a run config names: ``cfg.path``, or for ``cfg.tiny_arch`` a tiny checkpoint
-    under ``cache_dir`` (built on first use, atomically, then reused while its config and tokenizer are
-    unchanged)."""
+    with tokenizer ``cfg.tiny_tokenizer`` under ``cache_dir`` (built on first use, atomically, then reused
+    while its config and tokenizer are unchanged; one directory per arch, size, tokenizer and seed). The
+    checkpoint keeps its tokenizer's default template: ``cfg.chat_template`` is applied when the run loads
+    it (`sao.runtime.build.build_tokenizer`)."""
     if cfg.tiny_arch is None:
         assert cfg.path is not None  # ModelConfig holds exactly one of path / tiny_arch
         return Path(cfg.path)
     cache = Path(cache_dir)
-    digest = _tiny_digest(cfg.tiny_arch, cfg.tiny_size)
-    target = cache / f"tiny-{cfg.tiny_arch}-{cfg.tiny_size}-seed{seed}-{digest}"
+    kind = cfg.tiny_tokenizer
+    digest = _tiny_digest(cfg.tiny_arch, cfg.tiny_size, kind)
+    name = f"tiny-{cfg.tiny_arch}-{cfg.tiny_size}" + ("" if kind == "byte" else f"-{kind}")
+    target = cache / f"{name}-seed{seed}-{digest}"
     if target.is_dir():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
     try:
-        tiny_checkpoint(scratch, cfg.tiny_arch, cfg.tiny_size, seed)
+        tiny_checkpoint(scratch, cfg.tiny_arch, cfg.tiny_size, seed, tokenizer=kind)
         os.rename(scratch, target)  # atomic: a reader never sees a half-written checkpoint
     except OSError:
         if not target.is_dir():  # not the lost race with another process building the same checkpoint

@@ -1,11 +1,12 @@
 """Tiny randomly initialised Qwen3 / Qwen3-MoE checkpoints for tests and the CPU quickstart.
 
 A tiny checkpoint is an ordinary Hugging Face directory (safetensors weights, config, generation config and
-the byte-level tokenizer of `sao.models.tokenizer`), so every code path that loads a real model loads it too.
-Weights are a pure function of (arch, size, seed): the model's own initialisation under a fixed seed, on CPU
-in float32.
+a tokenizer: the byte-level one of `sao.models.tokenizer` by default, or the BPE one of `sao.models.bpe`),
+so every code path that loads a real model loads it too. Weights are a pure function of (arch, size, seed,
+tokenizer): the model's own initialisation under a fixed seed, on CPU in float32. The tokenizer sets the
+vocabulary (its size padded to a multiple of 64) and the pad / eos ids.
 
-Sizes (parameters, embeddings and an untied LM head included; vocab 320):
+Sizes with the byte tokenizer (parameters, embeddings and an untied LM head included; vocab 320):
 
 =========  ======  ======  =======  =================  =========
 arch       size    hidden  layers   experts (top-2)    params
@@ -17,7 +18,8 @@ qwen3      small   128     3        dense MLP 1536     1,999,936
 =========  ======  ======  =======  =================  =========
 
 The dense models' MLP width is experts x expert width, so both architectures hold the same weights per
-layer (the MoE adds only its router).
+layer (the MoE adds only its router). The BPE tokenizer's vocab of 4096 adds 2 x 3776 x hidden parameters
+(embeddings and LM head): ~0.48M for ``test``, ~0.97M for ``small``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,14 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from sao.models.tokenizer import EOS_TOKEN, PAD_TOKEN, build_tokenizer, padded_vocab_size
+from sao.models.tokenizer import (
+    EOS_TOKEN,
+    PAD_TOKEN,
+    TOKENIZER_KINDS,
+    TokenizerKind,
+    build_named_tokenizer,
+    padded_vocab_size,
+)
 
 __all__ = [
     "TINY_ARCHS",
@@ -78,25 +87,30 @@ _MAX_POSITIONS = 4096
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
 
 
-def _special_ids() -> dict[str, int]:
-    tokenizer = build_tokenizer()
+def _special_ids(tokenizer_kind: TokenizerKind) -> dict[str, int]:
+    tokenizer = build_named_tokenizer(tokenizer_kind)
     pad = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     eos = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     return {"vocab_size": padded_vocab_size(tokenizer), "pad": pad, "eos": eos}
 
 
-def tiny_config(arch: TinyArch = "qwen3_moe", size: TinySize = "test") -> PretrainedConfig:
+def tiny_config(
+    arch: TinyArch = "qwen3_moe", size: TinySize = "test", tokenizer: TokenizerKind = "byte"
+) -> PretrainedConfig:
     """The config of a tiny model: `Qwen3MoeConfig` (``arch="qwen3_moe"``) or `Qwen3Config` (``"qwen3"``).
 
-    Vocab is the tokenizer's size padded to a multiple of 64; bos = pad = ``<|endoftext|>``, eos =
-    ``<|im_end|>`` (Qwen3's choice); 4096 positions; untied LM head (as Qwen3-30B-A3B). Raises ValueError
-    for an unknown arch or size.
+    Vocab is the size of ``tokenizer`` (``"byte"`` or ``"bpe"``, `build_named_tokenizer`) padded to a
+    multiple of 64; bos = pad = ``<|endoftext|>``, eos = ``<|im_end|>`` (Qwen3's choice), their ids from
+    that tokenizer; 4096 positions; untied LM head (as Qwen3-30B-A3B). Raises ValueError for an unknown
+    arch, size or tokenizer.
     """
     if arch not in TINY_ARCHS:
         raise ValueError(f"unknown tiny arch {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     if size not in TINY_SIZES:
         raise ValueError(f"unknown tiny size {size!r}; choose one of {', '.join(TINY_SIZES)}")
-    shape, ids = _SHAPES[size], _special_ids()
+    if tokenizer not in TOKENIZER_KINDS:
+        raise ValueError(f"unknown tiny tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
+    shape, ids = _SHAPES[size], _special_ids(tokenizer)
     dense_width = shape["experts"] * shape["expert_width"]
     common: dict[str, Any] = {
         "vocab_size": ids["vocab_size"],
@@ -142,10 +156,12 @@ def _generation_config(config: PretrainedConfig) -> GenerationConfig:
     )
 
 
-def build_tiny_model(arch: TinyArch = "qwen3_moe", size: TinySize = "test", seed: int = 0) -> PreTrainedModel:
-    """A tiny causal LM on CPU in float32, initialised by the model's own ``init_weights`` under
-    ``torch.manual_seed(seed)``; the global RNG state is left as it was."""
-    config = tiny_config(arch, size)
+def build_tiny_model(
+    arch: TinyArch = "qwen3_moe", size: TinySize = "test", seed: int = 0, tokenizer: TokenizerKind = "byte"
+) -> PreTrainedModel:
+    """A tiny causal LM on CPU in float32 (vocab of ``tokenizer``, see `tiny_config`), initialised by the
+    model's own ``init_weights`` under ``torch.manual_seed(seed)``; the global RNG state is left as it was."""
+    config = tiny_config(arch, size, tokenizer)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -154,12 +170,26 @@ def build_tiny_model(arch: TinyArch = "qwen3_moe", size: TinySize = "test", seed
 
 
 def tiny_checkpoint(
-    out_dir: str | Path, arch: TinyArch = "qwen3_moe", size: TinySize = "test", seed: int = 0
+    out_dir: str | Path,
+    arch: TinyArch = "qwen3_moe",
+    size: TinySize = "test",
+    seed: int = 0,
+    tokenizer: TokenizerKind = "byte",
+    chat_template: str | None = None,
 ) -> Path:
     """Write a tiny checkpoint (model.safetensors, config, generation config, tokenizer) into ``out_dir``
-    (created if missing) and return its path. Same (arch, size, seed), same bytes of weights."""
+    (created if missing) and return its path. Same (arch, size, seed, tokenizer), same bytes of weights.
+
+    ``tokenizer``: ``"byte"`` or ``"bpe"``. ``chat_template``: the saved tokenizer's template, a shipped name
+    or a file (`sao.models.templates.load_chat_template`); None keeps the tokenizer's default (``sao`` for
+    byte, ``qwen3`` for bpe). Raises ValueError for an unknown template before writing anything."""
+    from sao.models.templates import load_chat_template
+
+    template = None if chat_template is None else load_chat_template(chat_template)
+    built_tokenizer = build_named_tokenizer(tokenizer, template)
+    model = build_tiny_model(arch, size, seed, tokenizer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    build_tiny_model(arch, size, seed).save_pretrained(out)
-    build_tokenizer().save_pretrained(out)
+    model.save_pretrained(out)
+    built_tokenizer.save_pretrained(out)
     return out

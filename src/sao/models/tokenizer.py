@@ -1,25 +1,32 @@
-"""A byte-level tokenizer with Qwen-style special tokens and chat template, built locally (no download).
+"""The byte-level tokenizer with Qwen-style special tokens and its chat template, built locally (no download);
+`build_named_tokenizer` picks it or the BPE one (`sao.models.bpe`) by name.
 
-The vocabulary is the 256 bytes (token id == byte value, GPT-2's byte-to-unicode alphabet, no merges), then
-the special tokens in Qwen's relative order from id 256. With no merges, the ids of a text are its UTF-8
-bytes, so any text prefix is a token prefix (until a special token straddles the cut) and building the
-tokenizer is deterministic: identical on every run and machine.
+The byte tokenizer is the default of tiny models (``model.tiny_tokenizer: byte``). Its vocabulary is the 256
+bytes (token id == byte value, GPT-2's byte-to-unicode alphabet, no merges), then the special tokens in
+Qwen's relative order from id 256. With no merges, the ids of a text are its UTF-8 bytes, so any text
+prefix is a token prefix (until a special token straddles the cut) and building the tokenizer is
+deterministic: identical on every run and machine. ``tiny_tokenizer: bpe`` is the realistic alternative,
+where a merge can span two messages.
 
-The chat template follows Qwen3's turn format (``<|im_start|>role\\n…<|im_end|>\\n``, tools in the system
-turn, tool calls as ``<tool_call>`` JSON, tool results as user turns wrapped in ``<tool_response>``). The
-tools block is only the signatures (``# Tools`` and one JSON line per tool inside ``<tools>``), without
-Qwen3's English instructions on how to call them: with a byte-level tokenizer every byte is a prompt token,
-and the tiny models learn the call format from their warm start. A structured tool call (an assistant
-message's ``tool_calls``) renders as ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, without
-Qwen3's newlines inside the tags: the format sao's tiny models generate (`sao.envs.calculator`), so a
-call an OpenAI client sends back renders as it was generated. Two deliberate differences make
-rendering *prefix-stable* — the rendering of ``messages[:k]`` is a prefix
-of the rendering of ``messages[:k+1]`` — which RL's token-in/token-out bookkeeping needs:
-earlier ``reasoning_content`` is never stripped, and each tool message is its own user turn (Qwen3 merges
-consecutive tool results into one turn, which rewrites the previous turn's end).
+Its chat template (`CHAT_TEMPLATE`, shipped as ``sao`` by `sao.models.templates`) follows Qwen3's turn
+format (``<|im_start|>role\\n…<|im_end|>\\n``, tools in the system turn, tool calls as ``<tool_call>`` JSON,
+tool results as user turns wrapped in ``<tool_response>``). The tools block is only the signatures
+(``# Tools`` and one JSON line per tool inside ``<tools>``), without Qwen3's English instructions on how to
+call them: with a byte-level tokenizer every byte is a prompt token, and the tiny models learn the call
+format from their warm start. A structured tool call (an assistant message's ``tool_calls``) renders as
+``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, without Qwen3's newlines inside the tags: the
+format sao's tiny models generate (`sao.envs.calculator`). It is also *prefix-stable* (the rendering of
+``messages[:k]`` is a prefix of the rendering of ``messages[:k+1]``): earlier ``reasoning_content`` is never
+stripped and each tool message is its own user turn. With ``enable_thinking`` false, every assistant turn
+without reasoning opens with the empty think block the generation prompt ends with (as Qwen3 renders its
+last turn), so a turn renders as it was generated. Token-in/token-out no longer needs that
+(`sao.models.chat_delta` renders only the new messages, as a suffix), so any template works, such as the
+shipped ``qwen3`` one that strips earlier reasoning and merges tool results.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from transformers import PreTrainedTokenizerFast
 
@@ -27,6 +34,9 @@ __all__ = [
     "EOS_TOKEN",
     "PAD_TOKEN",
     "SPECIAL_TOKENS",
+    "TOKENIZER_KINDS",
+    "TokenizerKind",
+    "build_named_tokenizer",
     "build_tokenizer",
     "padded_vocab_size",
 ]
@@ -76,6 +86,9 @@ CHAT_TEMPLATE = """\
     {{- '<|im_start|>assistant\\n' -}}
     {%- if message.reasoning_content is defined and message.reasoning_content is not none -%}
       {{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' -}}
+    {%- elif enable_thinking is defined and enable_thinking is false
+             and not (message.content or '').startswith('<think>') -%}
+      {{- '<think>\\n\\n</think>\\n\\n' -}}
     {%- endif -%}
     {{- message.content or '' -}}
     {%- if message.tool_calls is defined and message.tool_calls -%}
@@ -143,6 +156,26 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
     )
+
+
+TokenizerKind = Literal["byte", "bpe"]
+TOKENIZER_KINDS: tuple[str, ...] = ("byte", "bpe")
+
+
+def build_named_tokenizer(kind: TokenizerKind, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A new tokenizer of ``kind``: ``"byte"`` (`build_tokenizer`, default template `CHAT_TEMPLATE`) or
+    ``"bpe"`` (`sao.models.bpe.build_bpe_tokenizer`, default template the shipped ``qwen3``).
+    ``chat_template``: template text replacing the default. Raises ValueError for an unknown kind."""
+    if kind == "byte":
+        tokenizer = build_tokenizer()
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        return tokenizer
+    if kind == "bpe":
+        from sao.models.bpe import build_bpe_tokenizer
+
+        return build_bpe_tokenizer(chat_template)
+    raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
 
 
 def padded_vocab_size(tokenizer: PreTrainedTokenizerFast, multiple: int = 64) -> int:
