@@ -136,7 +136,7 @@ def test_completions_endpoint_returns_token_ids_and_logprobs(client):
     assert all(lp <= 0 for lp in choice.logprobs.token_logprobs)
 
 
-def test_session_prefix_logic_without_a_server(tiny_tokenizer):
+def test_a_session_extends_its_branch_with_the_suffix_of_the_new_messages(tiny_tokenizer):
     session = ChatSession(tiny_tokenizer, "s")
     ids1 = session.prompt_for([{"role": "user", "content": "a"}])
     gen = tiny_tokenizer("ok", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]

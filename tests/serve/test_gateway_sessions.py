@@ -72,7 +72,7 @@ def test_an_echoed_tool_call_renders_as_generated_and_extends_the_branch(tiny_to
     content, calls = split_tool_calls(text[: -len("<|im_end|>")])
     assert content is None and json.loads(calls[0]["function"]["arguments"]) == {"expr": "2*3"}
     reply = {"role": "assistant", "content": content, "tool_calls": calls}
-    session.note_reply(reply, text[: -len("<|im_end|>")])
+    session.note_reply(reply)
     # As the openai SDK sends it back: structured calls, other JSON spacing than generated, extra None keys
     echoed = {
         **reply,
@@ -85,10 +85,20 @@ def test_an_echoed_tool_call_renders_as_generated_and_extends_the_branch(tiny_to
         plan.delta
         == "\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )
-    assert session.render(follow, TOOLS) != session.text + plan.delta  # the template alone would branch
+    full = tok.apply_chat_template(follow, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert not full.startswith(session.text)  # a re-rendering would not extend what was generated
     other_call = {**calls[0], "function": {"name": "calc", "arguments": '{"expr": "2*4"}'}}
     edited = [*messages, {**echoed, "tool_calls": [other_call]}]
     assert session.plan([*edited, follow[-1]], TOOLS).prefix_mismatch  # a changed call is a branch
+    assert session.plan(follow, None).prefix_mismatch  # so are other tools
+    assert session.plan([{"role": "user", "content": "What is 2 * 4?"}, *follow[1:]], TOOLS).prefix_mismatch
+    assert session.plan(follow[:1], TOOLS).prefix_mismatch  # a resent older request
+    # Without note_reply, the reply is the generated text: an echo of the text continues the branch.
+    raw = ChatSession(tok, "raw")
+    raw.commit(raw.plan(messages, TOOLS))
+    raw.record_generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
+    as_text = [*messages, {"role": "assistant", "content": text[: -len("<|im_end|>")]}, follow[-1]]
+    assert raw.plan(as_text, TOOLS).delta == plan.delta and raw.plan(follow, TOOLS).prefix_mismatch
 
 
 def test_malformed_tool_calls_get_400_naming_the_field_and_leave_other_sessions_intact(

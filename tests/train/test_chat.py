@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
@@ -33,10 +35,16 @@ def test_action_tokens_are_the_assistant_contents_plus_end_of_turn(tiny_tokenize
     ]
 
 
-def test_token_ids_are_the_tokenisation_of_the_full_rendered_conversation(tiny_tokenizer):
+def test_with_a_prefix_stable_template_the_tokens_are_the_full_rendering_up_to_the_last_turn(tiny_tokenizer):
     out = render_chat(tiny_tokenizer, CONVERSATION)
     text = tiny_tokenizer.apply_chat_template(CONVERSATION, tokenize=False)
-    assert out.token_ids == tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    full = tiny_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (
+        out.token_ids == full[: len(out.token_ids)]
+        and tiny_tokenizer.decode(full[len(out.token_ids) :]) == "\n"
+    )
+    # Trailing messages after the last assistant turn are not part of it (a rollout ends there too).
+    assert render_chat(tiny_tokenizer, [*CONVERSATION, {"role": "user", "content": "thanks"}]) == out
 
 
 def test_turn_ids_mark_the_prompt_and_each_assistant_turn(tiny_tokenizer):
@@ -50,20 +58,43 @@ def test_turn_ids_mark_the_prompt_and_each_assistant_turn(tiny_tokenizer):
     assert traj.num_turns == 2
 
 
-def test_template_that_rewrites_history_is_rejected(tiny_tokenizer):
-    # A template that only ever shows the last assistant message rewrites earlier text.
-    tok = tiny_tokenizer
-    original = tok.chat_template
-    tok.chat_template = (
+def with_template(tok, template):
+    other = copy.deepcopy(tok)
+    other.chat_template = template
+    return other
+
+
+def test_a_template_that_rewrites_earlier_turns_keeps_each_assistant_turn_as_generated(tiny_tokenizer):
+    # Earlier assistant turns lose their reasoning (as Qwen3's template does).
+    strip = with_template(
+        tiny_tokenizer,
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role == 'assistant' and not loop.last %}{{ m.content.split('</think>')[-1] }}"
+        "{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    )
+    conversation = [
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": "<think>add</think>5"},
+        {"role": "user", "content": "and 2+4?"},
+        {"role": "assistant", "content": "<think>add again</think>6"},
+    ]
+    out = render_chat(strip, conversation)
+    text = tiny_tokenizer.decode(out.token_ids)
+    assert text.count("<think>") == 2 and "<think>add</think>5<|im_end|>\n<|im_start|>user" in text
+    assert "<think>add</think>" not in strip.apply_chat_template(conversation, tokenize=False)
+
+
+def test_a_template_that_hides_the_stand_in_turn_is_a_clear_error(tiny_tokenizer):
+    # Only the last assistant message is shown: the suffix of the messages after a turn cannot be found.
+    hides = with_template(
+        tiny_tokenizer,
         "{% for m in messages %}{% if m.role != 'assistant' or loop.last %}"
         "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     )
-    try:
-        with pytest.raises(ChatTemplateError, match="rewrites"):
-            render_chat(tok, CONVERSATION)
-    finally:
-        tok.chat_template = original
+    with pytest.raises(ChatTemplateError, match=r"assistant message 4: .*does not contain the stand-in"):
+        render_chat(hides, CONVERSATION)
 
 
 def test_conversation_without_assistant_is_rejected(tiny_tokenizer):

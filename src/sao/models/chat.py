@@ -1,13 +1,17 @@
 """Chat conversations → token ids with the RL trainer's masks (action = what the model generates).
 
-A conversation is rendered turn by turn with the tokenizer's chat template, and the token ids are the
-concatenation of the rendered *deltas*: the prompt up to the first assistant turn, then for each assistant
-turn its generation prompt, its content plus the end-of-turn token (the **action** tokens, exactly what an
-engine samples before stopping), and the template's text after it. This is the token-in/token-out rule
-the agent loop follows, so supervised warm-start data and RL trajectories carry the same masks.
+A conversation is tokenised at exactly the boundaries an agent-loop rollout of it has, each piece on its
+own (no BPE merge crosses a boundary), so supervised warm-start data and RL trajectories are the same
+tokens with the same masks, whatever the chat template does to earlier turns:
 
-A template that rewrites earlier text when a message is appended (some hide earlier reasoning) breaks
-this; it is an error that names the offending message.
+1. the prompt: the full rendering of the messages before the first assistant message, with the
+   generation prompt (observation tokens);
+2. each assistant message as the model would have generated it (`sao.models.chat_delta.assistant_text`:
+   reasoning and tool calls included, ending with the end-of-turn token; the **action** tokens);
+3. between two assistant messages, the template's suffix for the messages in between and the next
+   generation prompt (`sao.models.chat_delta.observation_delta`; observation tokens).
+
+The tokens end with the last assistant turn (a rollout's trajectory ends at its last action token).
 """
 
 from __future__ import annotations
@@ -18,33 +22,32 @@ from typing import Any
 
 from sao.types import Trajectory
 
+from .chat_delta import ChatTemplateError, assistant_text, end_of_turn_token, observation_delta, render
+
 __all__ = ["ChatTemplateError", "RenderedChat", "render_chat", "sft_trajectory"]
-
-
-class ChatTemplateError(ValueError):
-    """The chat template is not prefix-stable for this conversation, or the conversation is malformed."""
 
 
 @dataclass(frozen=True)
 class RenderedChat:
-    """``token_ids``, ``action_mask`` (1 on assistant content + end-of-turn) and ``turn_ids`` (−1 before
-    the first assistant turn, i on assistant turn i and on what follows it), all the same length."""
+    """``token_ids``, ``action_mask`` (1 on assistant turns, end-of-turn included) and ``turn_ids`` (−1
+    before the first assistant turn, i on assistant turn i and on what follows it), all the same length."""
 
     token_ids: list[int]
     action_mask: list[int]
     turn_ids: list[int]
 
 
-def _render(
-    tokenizer: Any,
-    messages: Sequence[Mapping[str, Any]],
-    generation_prompt: bool,
-    tools: Sequence[Any] | None = None,
-) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False,
-        add_generation_prompt=generation_prompt,
-    )  # fmt: skip
+def _check(messages: Sequence[Mapping[str, Any]]) -> None:
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, Mapping) or not isinstance(msg.get("role"), str):
+            raise ChatTemplateError(f"message {i} must be a mapping with a string 'role'")
+        content = msg.get("content")
+        if not (isinstance(content, str) or (content is None and msg.get("tool_calls"))):
+            raise ChatTemplateError(
+                f"message {i} must have string 'content' (or None with 'tool_calls'), got {content!r:.80}"
+            )
+    if not any(m["role"] == "assistant" for m in messages):
+        raise ChatTemplateError("the conversation has no assistant message to learn from")
 
 
 def render_chat(
@@ -52,64 +55,53 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     end_of_turn: str | None = None,
     tools: Sequence[Any] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedChat:
-    """Tokenise a conversation with masks; see the module docstring.
+    """Tokenise a conversation with masks at a rollout's boundaries; see the module docstring.
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: ``[{"role": ..., "content": ...}, ...]`` with at least one assistant message.
-        end_of_turn: the token text that ends an assistant turn (default: ``tokenizer.eos_token``).
+        end_of_turn: the token text that ends an assistant turn (default ``<|im_end|>`` if the tokenizer
+            has it, else its eos token: as the agent loop).
         tools: OpenAI-style tool schemas the template renders into the prompt (as a gateway request's
             ``tools`` or an env's ``tools`` attribute are).
-    """
-    eot = end_of_turn or tokenizer.eos_token
-    if not eot:
-        raise ChatTemplateError("the tokenizer has no eos token; pass end_of_turn")
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, Mapping) or "role" not in msg or not isinstance(msg.get("content"), str):
-            raise ChatTemplateError(f"message {i} must be a mapping with 'role' and string 'content'")
-    if not any(m["role"] == "assistant" for m in messages):
-        raise ChatTemplateError("the conversation has no assistant message to learn from")
+        template_kwargs: extra chat-template variables (``enable_thinking``); None values dropped.
 
+    Raises `ChatTemplateError` for a malformed conversation or a template that cannot render it so.
+    """
+    _check(messages)
+    try:
+        eot, _ = end_of_turn_token(tokenizer, end_of_turn)
+    except ValueError as err:
+        raise ChatTemplateError(f"{err}; pass end_of_turn") from None
     ids: list[int] = []
     mask: list[int] = []
     turns: list[int] = []
-    rendered = ""
-    turn = -1
 
-    def append(text: str, action: int) -> None:
-        nonlocal rendered
-        if not text:
-            return
-        new = tokenizer(text, add_special_tokens=False)["input_ids"]
+    def append(text: str, action: int, turn: int) -> None:
+        new = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
         ids.extend(new)
         mask.extend([action] * len(new))
         turns.extend([turn] * len(new))
-        rendered += text
 
-    def extend_to(text: str, message: int, action: int) -> None:
-        if not text.startswith(rendered):
-            raise ChatTemplateError(
-                f"chat template rewrites earlier text when message {message} is added; "
-                "token-in/token-out training needs a prefix-stable template"
-            )
-        append(text[len(rendered) :], action)
-
-    for i, msg in enumerate(messages):
-        if msg["role"] != "assistant":
-            continue
-        extend_to(_render(tokenizer, messages[:i], True, tools), i, action=0)
-        full = _render(tokenizer, messages[: i + 1], False, tools)
-        if not full.startswith(rendered):
-            raise ChatTemplateError(f"chat template rewrites the generation prompt of assistant message {i}")
-        completion = full[len(rendered) :]
-        cut = completion.find(eot)
-        if cut < 0:
-            raise ChatTemplateError(f"assistant message {i} does not end with {eot!r} in the template")
-        turn += 1
-        append(completion[: cut + len(eot)], 1)
-        append(completion[cut + len(eot) :], 0)
-    extend_to(_render(tokenizer, messages, False, tools), len(messages) - 1, action=0)
+    assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    first = assistants[0]
+    try:
+        prompt = render(tokenizer, messages[:first], tools, add_generation_prompt=True,
+                        template_kwargs=template_kwargs)  # fmt: skip
+    except Exception as err:
+        raise ChatTemplateError(f"rendering the prompt: {type(err).__name__}: {err}") from err
+    append(prompt, 0, -1)
+    for turn, i in enumerate(assistants):
+        try:
+            if turn > 0:
+                between = messages[assistants[turn - 1] + 1 : i]
+                delta = observation_delta(tokenizer, between, tools, eot, True, template_kwargs)
+                append(delta, 0, turn - 1)
+            append(assistant_text(tokenizer, messages[i], tools, eot, template_kwargs), 1, turn)
+        except ChatTemplateError as err:
+            raise ChatTemplateError(f"assistant message {i}: {err}") from err
     return RenderedChat(ids, mask, turns)
 
 

@@ -23,7 +23,14 @@ from sao.envs.base import Env, Message, StepResult, Task
 __all__ = ["DROP_REASONS", "EpisodeError", "close_env", "reset_env", "step_env"]
 
 # Why an episode yields no trajectory (the producer counts each as ``dropped/<reason>``).
-DROP_REASONS = ("env_error", "env_timeout", "engine_error", "engine_crash", "prompt_too_long")
+DROP_REASONS = (
+    "env_error",
+    "env_timeout",
+    "template_error",
+    "engine_error",
+    "engine_crash",
+    "prompt_too_long",
+)
 
 T = TypeVar("T")
 

@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from sao.engine.types import (
     InvalidRequestError,
     SamplingParams,
 )
+from sao.models.chat_delta import end_of_turn_token
 from sao.types import Trajectory
 
 from .anthropic_api import AnthropicRequestError, MessagesRequest, to_chat_request, to_messages_response
@@ -92,6 +93,7 @@ def create_app(
     hooks: SessionHooks | None = None,
     rules: SessionRules | None = None,
     verifier: Verifier | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -113,6 +115,7 @@ def create_app(
         hooks: admission and the destination of closed sessions (default: admit all, ``on_trajectory``).
         rules: what recorded sessions must respect (default: nothing beyond the limits).
         verifier: scores a session whose reward request names only a task (default: none).
+        chat_template_kwargs: extra chat-template variables of every rendering (``enable_thinking``).
 
     Raises ValueError for an invalid limit.
     """
@@ -130,11 +133,11 @@ def create_app(
     gate = PendingGate(limits.max_pending, limits.retry_after_s)
     counts = {"trajectories": 0, "rejected_too_large": 0}
     finished: deque[Trajectory] = deque(maxlen=_KEEP_FINISHED)
-    eos = [
-        t
-        for t in {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-        if isinstance(t, int)
-    ]
+    end_of_turn, end_of_turn_id = end_of_turn_token(tokenizer)
+    eos = [t for t in {tokenizer.eos_token_id, end_of_turn_id} if isinstance(t, int)]
+
+    def _session(sid: str) -> ChatSession:
+        return ChatSession(tokenizer, sid, end_of_turn=end_of_turn, template_kwargs=chat_template_kwargs)
 
     async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
         max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)
@@ -157,7 +160,7 @@ def create_app(
 
     turns: SessionTurns
     registry = SessionRegistry(
-        lambda sid: ChatSession(tokenizer, sid),
+        _session,
         max_sessions=limits.max_sessions,
         idle_timeout_s=limits.session_idle_timeout_s,
         retry_after_s=limits.retry_after_s,
@@ -215,8 +218,9 @@ def create_app(
         return {"object": "list", "data": [data]}
 
     def _reply(text: str, with_tools: bool) -> dict[str, Any]:
-        """The assistant message of a generation: eos stripped, tool calls split off when tools were given."""
-        visible = text.removesuffix(tokenizer.eos_token or "")
+        """The assistant message of a generation: end of turn (or eos) stripped, tool calls split off when
+        tools were given."""
+        visible = text.removesuffix(end_of_turn).removesuffix(tokenizer.eos_token or end_of_turn)
         content, tool_calls = split_tool_calls(visible) if with_tools else (visible, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
@@ -229,7 +233,7 @@ def create_app(
         closed = None
         if named is None:  # unnamed requests (e.g. a judge) are served but not recorded, under no rules
             params = sampling_params(req, max_tokens, default_max_tokens, eos)
-            session = ChatSession(tokenizer, f"anon-{uuid.uuid4().hex}")
+            session = _session(f"anon-{uuid.uuid4().hex}")
             try:
                 prompt_ids = list(session.plan(messages, req.tools).prompt_ids)
             except Exception as err:  # the template rejected the conversation: the client's input

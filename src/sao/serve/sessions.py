@@ -1,22 +1,22 @@
 """Token-in/token-out recording of chat sessions for the gateway.
 
-A session is one agent episode served through the OpenAI-compatible API. Its token ids are never
-re-rendered: the first request's prompt is rendered with the chat template; every later request must
-*extend* what was recorded (the previous prompt, the assistant tokens exactly as generated), and only the
-chat-template delta of the new messages is tokenised and appended as observation tokens. A request whose
-rendering does not start with the recorded text (the client edited history, or the template rewrites it)
-starts a new *branch*, recorded separately and flagged in its metadata. A ``strict`` session (the agent
-loop's) raises `PrefixMismatchError` instead: there the template is under our control, and a rewrite is a
-configuration error. `ChatSession.plan` computes a request's prompt without recording it and
+A session is one agent episode served through the OpenAI- or Anthropic-compatible API. Its recorded
+history is never re-rendered: the first request's prompt is the chat template's full rendering; a later
+request whose messages *start with* the branch's recorded messages (the previous request's messages, then
+the reply as returned) extends the branch: only its new trailing messages are rendered, as a suffix after
+the tokens the engine generated (`sao.models.chat_delta.observation_delta`), and appended as observation
+tokens. A template that rewrites earlier text (Qwen3's drops earlier ``<think>`` blocks) therefore never
+changes what was recorded. A request that does not extend the branch (the client edited history, changed
+the tools, or resent an older conversation) opens a new *branch*, rendered in full and flagged
+``prefix_mismatch``. `ChatSession.plan` computes a request's prompt without recording it and
 `ChatSession.commit` records it: the gateway commits only once generation succeeded, so a failed request
 leaves its session as it was.
 
-Echoed replies. An OpenAI client sends the assistant's replies back as it got them — text with the tool
-calls split off into structured ``tool_calls`` — and a chat template renders those differently from what
-was generated (other whitespace, other JSON spacing). `ChatSession.note_reply` remembers each reply as
-returned; `plan` replaces an assistant message that equals the next remembered reply of the branch (same
-content, same tool names and arguments) by the text actually generated, so the rendering extends the
-recorded tokens and no branch is opened. An assistant message the client changed is rendered as sent.
+Echoed replies. A client sends the assistant's replies back as it got them (text with the tool calls
+split off into structured ``tool_calls``, other call ids, other JSON spacing). `ChatSession.note_reply`
+remembers each reply as returned; a request's assistant message at that position matches it when it has
+the same content and the same tool calls (`reply_signature`). Other messages match when they are equal.
+Without `note_reply` a reply matches an assistant message whose content is the generated text.
 
 Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
 """
@@ -28,9 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sao.models.chat_delta import end_of_turn_token, observation_delta, render
 from sao.types import Trajectory
 
-__all__ = ["Branch", "ChatSession", "PrefixMismatchError", "PromptPlan", "reply_signature"]
+__all__ = ["Branch", "ChatSession", "PromptPlan", "reply_signature"]
+
+# A recorded message: ("sent", its canonical JSON) for a message a request sent, ("reply", its
+# `reply_signature`) for a reply the gateway generated (None: no echo of it can match).
+RecordedMessage = tuple[str, str | None]
 
 
 def reply_signature(message: Mapping[str, Any]) -> str | None:
@@ -51,28 +56,21 @@ def reply_signature(message: Mapping[str, Any]) -> str | None:
     return json.dumps([message.get("content") or "", calls], sort_keys=True)
 
 
-class PrefixMismatchError(ValueError):
-    """A strict session's rendering does not start with the recorded text.
-
-    ``offset`` is the first character where ``rendered`` differs from ``recorded`` (the branch's text).
-    """
-
-    def __init__(self, message: str, *, offset: int, recorded: str, rendered: str) -> None:
-        super().__init__(message)
-        self.offset = offset
-        self.recorded = recorded
-        self.rendered = rendered
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
-def _first_difference(a: str, b: str) -> int:
-    """Index of the first character where ``a`` and ``b`` differ (``min(len)`` when one is a prefix)."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
+def _matches(message: Mapping[str, Any], recorded: RecordedMessage) -> bool:
+    kind, key = recorded
+    if kind == "reply":
+        return key is not None and message.get("role") == "assistant" and reply_signature(message) == key
+    return _canonical(message) == key
 
 
 @dataclass
 class Branch:
-    """One token sequence of a session: prompt, then alternating generated and observation tokens."""
+    """One token sequence of a session: prompt, then alternating generated and observation tokens, and
+    the conversation it records (``messages``: `RecordedMessage` keys; ``tools``: canonical JSON)."""
 
     text: str = ""  # the text the recorded tokens stand for (rendered prompt + generated text + deltas)
     token_ids: list[int] = field(default_factory=list)
@@ -83,7 +81,9 @@ class Branch:
     turns: int = 0
     finish_reason: str = "stop"
     prefix_mismatch: bool = False
-    replies: list[tuple[str | None, str]] = field(default_factory=list)  # (reply_signature, generated text)
+    messages: list[RecordedMessage] = field(default_factory=list)
+    tools: str = "null"
+    turn_ended: bool = True  # the last generated turn ended with the end-of-turn token
 
     def append(self, ids: Sequence[int], text: str, action: bool, logprobs=None, versions=None) -> None:
         n = len(ids)
@@ -95,6 +95,17 @@ class Branch:
         self.turn_ids.extend([turn] * n)
         self.text += text
 
+    def extended_by(self, messages: Sequence[Mapping[str, Any]], tools: str) -> bool:
+        """Whether a request of ``messages`` with ``tools`` continues this branch: same tools, and its
+        messages start with the recorded ones (a branch that generated nothing is never continued)."""
+        n = len(self.messages)
+        return (
+            self.turns > 0
+            and tools == self.tools
+            and len(messages) >= n
+            and all(_matches(m, r) for m, r in zip(messages[:n], self.messages, strict=True))
+        )
+
 
 @dataclass(frozen=True)
 class PromptPlan:
@@ -102,8 +113,9 @@ class PromptPlan:
 
     ``branch``: the index of the branch it extends (``== len(branches)``: it opens a new one, flagged
     ``prefix_mismatch`` when the session already had a branch); ``base_tokens``: that branch's length when
-    planned; ``delta``/``delta_ids``: the observation text and tokens appended; ``prompt_ids``: the
-    branch's tokens followed by the delta, what to generate from.
+    planned; ``delta``/``delta_ids``: the observation text and tokens appended (the full rendering for a
+    new branch); ``prompt_ids``: the branch's tokens followed by the delta, what to generate from;
+    ``messages``/``tools``: the branch's recorded conversation once committed.
     """
 
     branch: int
@@ -112,6 +124,8 @@ class PromptPlan:
     delta: str
     delta_ids: tuple[int, ...]
     prompt_ids: tuple[int, ...]
+    messages: tuple[RecordedMessage, ...] = ()
+    tools: str = "null"
 
 
 class ChatSession:
@@ -120,14 +134,22 @@ class ChatSession:
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         session_id: the client's session key.
-        strict: raise `PrefixMismatchError` where the rendering does not extend the recorded text, instead
-            of opening a new branch (a strict session has at most one branch).
+        end_of_turn: the token that ends an assistant turn (default ``<|im_end|>``, else the eos token).
+        template_kwargs: extra chat-template variables (``enable_thinking``); None values dropped.
     """
 
-    def __init__(self, tokenizer: Any, session_id: str, *, strict: bool = False) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        session_id: str,
+        *,
+        end_of_turn: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.session_id = session_id
-        self.strict = strict
+        self.end_of_turn, self.end_of_turn_id = end_of_turn_token(tokenizer, end_of_turn)
+        self.template_kwargs = dict(template_kwargs or {})
         self.branches: list[Branch] = []
         self.group_id: str | None = None  # set by the gateway from the first request that names one
         self.task_id: str | None = None
@@ -139,88 +161,68 @@ class ChatSession:
     def prompt_for(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None
     ) -> list[int]:
-        """Token ids to generate from for this request; records the observation delta.
-
-        Extends the current branch when the rendered conversation starts with its recorded text, else
-        opens a new branch (flagged ``prefix_mismatch`` when the session already had one).
-        """
+        """Token ids to generate from for this request; records the observation delta (`plan`, then
+        `commit`)."""
         plan = self.plan(messages, tools)
         self.commit(plan)
         return list(plan.prompt_ids)
 
     def plan(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None = None) -> PromptPlan:
-        """What `prompt_for` would record and return, without recording anything (raises as it does).
+        """What `prompt_for` would record and return, without recording anything.
 
-        `commit` records it; a plan that is never committed (the request failed) leaves the session
-        exactly as it was. Commit a plan before the session changes otherwise.
+        Extends the current branch with the suffix rendering of the new trailing messages when the
+        request continues it (`Branch.extended_by`), else plans a new branch with the full rendering.
+        Raises whatever the template raises (`sao.models.chat_delta.ChatTemplateError` for a suffix).
+        `commit` records the plan; a plan never committed leaves the session as it was.
         """
+        tools_key = _canonical(list(tools) if tools else None)
         current = self.branches[-1] if self.branches else None
-        if current is not None and current.replies:
-            messages = _with_generated_replies(messages, current.replies)
-        rendered = self.render(messages, tools)
-        if current is not None and self.strict:
-            self.check_extends(rendered)
-        new_branch = current is None or not rendered.startswith(current.text)
-        base_text = "" if new_branch or current is None else current.text
-        base_ids = [] if new_branch or current is None else current.token_ids
-        delta = rendered[len(base_text) :]
+        if current is not None and current.extended_by(messages, tools_key):
+            new = messages[len(current.messages) :]
+            delta = observation_delta(
+                self.tokenizer, new, tools, self.end_of_turn, current.turn_ended, self.template_kwargs
+            )
+            recorded = (*current.messages, *(("sent", _canonical(m)) for m in new))
+            branch, base_ids = len(self.branches) - 1, current.token_ids
+        else:
+            delta = render(
+                self.tokenizer, messages, tools, add_generation_prompt=True,
+                template_kwargs=self.template_kwargs,
+            )  # fmt: skip
+            recorded = tuple(("sent", _canonical(m)) for m in messages)
+            branch, base_ids = len(self.branches), []
         delta_ids = self._encode(delta)
         return PromptPlan(
-            branch=len(self.branches) if new_branch else len(self.branches) - 1,
+            branch=branch,
             base_tokens=len(base_ids),
-            prefix_mismatch=new_branch and bool(self.branches),
+            prefix_mismatch=branch == len(self.branches) and bool(self.branches),
             delta=delta,
             delta_ids=tuple(delta_ids),
             prompt_ids=(*base_ids, *delta_ids),
+            messages=recorded,
+            tools=tools_key,
         )
 
     def commit(self, plan: PromptPlan) -> None:
-        """Record ``plan``'s observation delta (opening its new branch if it has one). Raises
+        """Record ``plan``'s observation delta and messages (opening its new branch if it has one). Raises
         `RuntimeError` if the session changed since the plan was made."""
         if plan.branch == len(self.branches):
             self.branches.append(Branch(prefix_mismatch=plan.prefix_mismatch))
         elif plan.branch != len(self.branches) - 1 or len(self.branches[-1].token_ids) != plan.base_tokens:
             raise RuntimeError(f"session {self.session_id!r} changed since this prompt was planned")
-        self.branches[-1].append(list(plan.delta_ids), plan.delta, action=False)
-
-    def render(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Any] | None = None,
-        *,
-        add_generation_prompt: bool = True,
-    ) -> str:
-        """The chat template's rendering of ``messages`` as text (nothing is recorded)."""
-        return self.tokenizer.apply_chat_template(
-            list(messages),
-            tools=list(tools) if tools else None,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt,
-        )
+        branch = self.branches[-1]
+        branch.append(list(plan.delta_ids), plan.delta, action=False)
+        branch.messages, branch.tools = list(plan.messages), plan.tools
 
     @property
     def text(self) -> str:
         """The text the current branch's tokens stand for ("" before the first request)."""
         return self.branches[-1].text if self.branches else ""
 
-    def check_extends(self, rendered: str) -> None:
-        """Raise `PrefixMismatchError` unless ``rendered`` starts with the current branch's text."""
-        recorded = self.text
-        if rendered.startswith(recorded):
-            return
-        at = _first_difference(recorded, rendered)
-        raise PrefixMismatchError(
-            f"the rendering differs from the recorded text at character {at}: "
-            f"recorded ...{recorded[max(0, at - 40) : at + 40]!r}, "
-            f"rendered ...{rendered[max(0, at - 40) : at + 40]!r}",
-            offset=at,
-            recorded=recorded,
-            rendered=rendered,
-        )
-
     def append_observation(self, text: str) -> list[int]:
-        """Tokenise ``text`` and append it to the current branch as observation tokens (no rendering, no
-        check: for callers that computed the template delta themselves); returns the branch's token ids."""
+        """Tokenise ``text`` and append it to the current branch as observation tokens (no rendering: for
+        callers that compute the template's text themselves, as the agent loop does); returns the
+        branch's token ids."""
         if not self.branches:
             self.branches.append(Branch())
         self.branches[-1].append(self._encode(text), text, action=False)
@@ -229,21 +231,26 @@ class ChatSession:
     def record_generation(
         self, token_ids: Sequence[int], logprobs: Sequence[float], versions: Sequence[int], finish_reason: str
     ) -> str:
-        """Append the generated tokens (action tokens, a new turn) and return their decoded text."""
+        """Append the generated tokens (action tokens, a new turn) and return their decoded text. Until
+        `note_reply` says how the client got it, the reply is recorded as its text (end-of-turn token
+        removed) as an assistant message's content."""
         branch = self.branches[-1]
         text = self.tokenizer.decode(list(token_ids), skip_special_tokens=False)
         branch.turns += 1
         branch.append(token_ids, text, action=True, logprobs=list(logprobs), versions=list(versions))
         branch.finish_reason = finish_reason
+        branch.turn_ended = bool(token_ids) and token_ids[-1] == self.end_of_turn_id
+        content = text.removesuffix(self.end_of_turn) if branch.turn_ended else text
+        branch.messages.append(("reply", reply_signature({"role": "assistant", "content": content})))
         return text
 
-    def note_reply(self, message: Mapping[str, Any], generated: str) -> None:
-        """Remember the reply of the latest turn as the client got it (``message``: role, content, maybe
-        ``tool_calls``) and the text that was generated for it (`record_generation`'s), so an echo of
-        ``message`` is rendered as ``generated`` without its end-of-turn token, which the template adds
-        (see the module docstring)."""
-        content = generated.removesuffix(self.tokenizer.eos_token or "")
-        self.branches[-1].replies.append((reply_signature(message), content))
+    def note_reply(self, message: Mapping[str, Any]) -> None:
+        """Remember the latest turn's reply as the client got it (``message``: role, content, maybe
+        ``tool_calls``): an assistant message equal to it (`reply_signature`) continues the branch."""
+        branch = self.branches[-1]
+        if not branch.messages or branch.messages[-1][0] != "reply":
+            raise RuntimeError(f"session {self.session_id!r}: no generated turn to note a reply for")
+        branch.messages[-1] = ("reply", reply_signature(message))
 
     @property
     def num_tokens(self) -> int:
@@ -291,20 +298,3 @@ class ChatSession:
                 )
             )
         return out
-
-
-def _with_generated_replies(
-    messages: Sequence[Mapping[str, Any]], replies: Sequence[tuple[str | None, str]]
-) -> list[Mapping[str, Any]]:
-    """``messages`` with each assistant message that equals the next remembered reply (in order) replaced
-    by the text generated for it; others (few-shot examples, edited replies) are left as sent."""
-    out: list[Mapping[str, Any]] = []
-    j = 0
-    for message in messages:
-        if j < len(replies) and message.get("role") == "assistant":
-            signature, generated = replies[j]
-            if signature is not None and reply_signature(message) == signature:
-                message = {"role": "assistant", "content": generated}
-                j += 1
-        out.append(message)
-    return out

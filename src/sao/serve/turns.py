@@ -169,7 +169,7 @@ class SessionTurns:
             session.commit(plan)
             text = session.record_generation(gen.token_ids, gen.logprobs, gen.versions, gen.finish_reason)
             message = reply(text)
-            session.note_reply(message, text)
+            session.note_reply(message)
             session.messages = [*messages, message]
             closed: list[Trajectory] = []
             result = TurnResult(prompt_ids, gen, message)
