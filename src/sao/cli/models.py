@@ -17,22 +17,48 @@ def init_model_command(
         str, typer.Option("--size", help="Size: test (unit tests) or small (CPU quickstart).")
     ] = "test",
     seed: Annotated[int, typer.Option("--seed", help="Weight initialisation seed.")] = 0,
+    tokenizer: Annotated[
+        str,
+        typer.Option(
+            "--tokenizer", help="Tokenizer: byte (256 byte tokens) or bpe (~4k-token BPE trained locally)."
+        ),
+    ] = "byte",
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="Chat template saved with the tokenizer: qwen3, hermes, sao, or a .jinja file "
+            "(default: sao for byte, qwen3 for bpe).",
+        ),
+    ] = None,
 ) -> None:
     """Write a tiny randomly initialised Hugging Face checkpoint (weights, config, tokenizer)."""
     # Heavy (torch, transformers): imported on use, so `import sao.cli` stays light.
+    from sao.models.templates import load_chat_template
     from sao.models.tiny import TINY_ARCHS, TINY_SIZES, count_parameters, tiny_checkpoint, tiny_config
+    from sao.models.tokenizer import TOKENIZER_KINDS
 
     if arch not in TINY_ARCHS:
         raise _fail(f"error: --arch: unknown architecture {arch!r}; choose one of {', '.join(TINY_ARCHS)}")
     if size not in TINY_SIZES:
         raise _fail(f"error: --size: unknown size {size!r}; choose one of {', '.join(TINY_SIZES)}")
+    if tokenizer not in TOKENIZER_KINDS:
+        raise _fail(
+            f"error: --tokenizer: unknown tokenizer {tokenizer!r}; choose one of {', '.join(TOKENIZER_KINDS)}"
+        )
+    if chat_template is not None:
+        try:
+            load_chat_template(chat_template)
+        except ValueError as err:
+            raise _fail(f"error: --chat-template: {err}") from None
     _quiet_transformers()  # the command prints one line
     try:
-        path = tiny_checkpoint(out, arch, size, seed)  # type: ignore[arg-type]  # checked above
+        path = tiny_checkpoint(out, arch, size, seed, tokenizer, chat_template)  # type: ignore[arg-type]
     except OSError as err:
         raise _fail(f"error: cannot write {out!r}: {err}", code=1) from None
-    params = count_parameters(tiny_config(arch, size))  # type: ignore[arg-type]
-    typer.echo(f"wrote {arch}/{size} checkpoint (seed {seed}, {params:,} parameters) to {path}")
+    params = count_parameters(tiny_config(arch, size, tokenizer))  # type: ignore[arg-type]  # checked above
+    what = f"{arch}/{size} checkpoint ({tokenizer} tokenizer, seed {seed}, {params:,} parameters)"
+    typer.echo(f"wrote {what} to {path}")
 
 
 @app.command("sft")
@@ -50,6 +76,26 @@ def sft_command(
     eval_every: Annotated[int, typer.Option(help="Steps between eval losses.")] = 25,
     seed: Annotated[int, typer.Option(help="Data order and split seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="Compute dtype: auto (bfloat16 on CUDA, float32 else), float32, bfloat16.")
+    ] = "auto",
+    master_dtype: Annotated[
+        str, typer.Option(help="Weights, gradients and AdamW state: float32 or bfloat16.")
+    ] = "float32",
+    gradient_checkpointing: Annotated[
+        bool | None,
+        typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on with CUDA."),
+    ] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            help="Replace the checkpoint's chat template: a shipped name (qwen3, hermes, sao) or a .jinja."
+        ),
+    ] = None,
+    enable_thinking: Annotated[
+        bool | None,
+        typer.Option("--enable-thinking/--disable-thinking", help="Bound into the chat template (saved)."),
+    ] = None,
 ) -> None:
     """Supervised warm start: loss on assistant tokens only (the RL action mask)."""
     from sao.train.sft import SFTOptions, run_sft
@@ -64,6 +110,11 @@ def sft_command(
         eval_every=eval_every,
         seed=seed,
         device=device,
+        dtype=dtype,
+        master_dtype=master_dtype,
+        gradient_checkpointing=gradient_checkpointing,
+        chat_template=chat_template,
+        enable_thinking=enable_thinking,
     )
     try:
         run_sft(model, data, out, opts)
@@ -89,6 +140,12 @@ def pretrain_value_command(
     gamma: Annotated[float, typer.Option(help="Discount of the Monte-Carlo returns.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampling and split seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="Compute dtype: auto (bfloat16 on CUDA, float32 else), float32, bfloat16.")
+    ] = "auto",
+    master_dtype: Annotated[
+        str, typer.Option(help="Weights, gradients and AdamW state: float32 or bfloat16.")
+    ] = "float32",
 ) -> None:
     """Pretrain the critic on Monte-Carlo returns of the initial policy (the paper's cold-start fix)."""
     from sao.train.value_pretrain import ValuePretrainOptions, run_value_pretrain
@@ -108,6 +165,8 @@ def pretrain_value_command(
         gamma=gamma,
         seed=seed,
         device=device,
+        dtype=dtype,
+        master_dtype=master_dtype,
     )
     try:
         run_value_pretrain(model, corpus, out, opts)

@@ -364,6 +364,13 @@ class TrainerConfig(_Section):
         16384, ge=1, description="Packed tokens per forward/backward micro-batch."
     )
     grad_clip: float = Field(1.0, gt=0, description="Actor gradient-norm clip.")
+    gradient_sync: Literal["step", "micro_batch"] = Field(
+        "step",
+        description="FSDP ranks: reduce-scatter gradients once per step ('step': a rank holds an unsharded "
+        "float32 gradient, 4 bytes per parameter, between its micro-batches) or after every micro-batch "
+        "('micro_batch': more communication, only sharded gradients held; for models whose full gradient "
+        "does not fit beside the shards). One process: no difference.",
+    )
     max_consecutive_skips: int = Field(
         10,
         ge=1,

@@ -21,11 +21,32 @@ from torch import Tensor
 
 from sao.models.moe_names import unfuse_experts
 
-__all__ = ["CONFIG_FILES", "WEIGHTS_FILE", "to_engine_state_dict", "write_safetensors", "write_update_dir"]
+__all__ = [
+    "CONFIG_FILES",
+    "WEIGHTS_FILE",
+    "cast_state_dict",
+    "to_engine_state_dict",
+    "write_safetensors",
+    "write_update_dir",
+]
 
 WEIGHTS_FILE = "model.safetensors"
 # Copied next to the weights so that an engine which reads the config from the update directory finds it.
 CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def cast_state_dict(state_dict: Mapping[str, Tensor], dtype: torch.dtype | None) -> dict[str, Tensor]:
+    """The weights an engine of ``dtype`` receives: each floating-point tensor of ``state_dict`` cast to
+    ``dtype`` (a new tensor, detached, on the same device), every other tensor and every tensor already in
+    ``dtype`` as it is (detached, not copied); ``dtype`` None casts nothing. The input and the tensors it
+    holds (the trainer's weights) are never modified. Raises ValueError on a non-tensor value."""
+    out: dict[str, Tensor] = {}
+    for name, value in state_dict.items():
+        if not isinstance(value, Tensor):
+            raise ValueError(f"state dict entry {name!r} is a {type(value).__name__}, not a tensor")
+        cast = dtype is not None and value.is_floating_point() and value.dtype != dtype
+        out[name] = value.detach().to(dtype) if cast else value.detach()
+    return out
 
 
 def to_engine_state_dict(
@@ -35,16 +56,17 @@ def to_engine_state_dict(
 
     Fused expert tensors are split per expert (`unfuse_experts`); every other name passes through. Each
     output tensor is detached, on CPU, contiguous and owns its storage (safetensors rejects tensors that
-    share memory, as the per-expert views of one fused tensor and tied embeddings do), cast to ``dtype``
-    when given. The input is not modified. Raises ValueError on a non-tensor value or a malformed fused
-    expert tensor.
+    share memory, as the per-expert views of one fused tensor and tied embeddings do), its floating-point
+    tensors cast to ``dtype`` when given. The input is not modified. Raises ValueError on a non-tensor value
+    or a malformed fused expert tensor.
     """
     for name, value in state_dict.items():
         if not isinstance(value, Tensor):
             raise ValueError(f"state dict entry {name!r} is a {type(value).__name__}, not a tensor")
     out: dict[str, Tensor] = {}
     for name, tensor in unfuse_experts(state_dict).items():
-        t = tensor.detach().to("cpu", dtype=dtype) if dtype is not None else tensor.detach().cpu()
+        cast = dtype is not None and tensor.is_floating_point()
+        t = tensor.detach().to("cpu", dtype=dtype) if cast else tensor.detach().cpu()
         out[name] = t.contiguous().clone()
     return out
 

@@ -1,37 +1,85 @@
-"""Packed ("varlen") attention for HF models on CPU or any device without flash-attn.
+"""Packed ("varlen") attention for HF models and the attention kernel (``model.attn_implementation``).
 
 The trainer feeds a `Batch` as one row: ``input_ids (1, T)`` and ``position_ids (1, T)`` restarting at 0 per
 trajectory, with no padding. transformers detects that layout from ``position_ids`` and, for ``sdpa``, builds
 a dense block-diagonal ``(1, 1, T, T)`` mask: O(T²) memory and O(T²) attention work, most of it across
-trajectory boundaries and thrown away. The ``sao_varlen`` implementation registered here instead runs
-``scaled_dot_product_attention(is_causal=True)`` on each trajectory's slice (one call per trajectory, never
-per token), so the work is Σ L_b² and no mask is materialised.
+trajectory boundaries and thrown away. The implementations registered here instead attend within each
+trajectory's slice (one call per trajectory, never per token), so the work is Σ L_b² and no mask is
+materialised:
+
+- ``sdpa`` → ``sao_varlen``: ``scaled_dot_product_attention(is_causal=True)`` per trajectory;
+- ``eager`` → ``sao_varlen_eager``: softmax(QKᵀ·scale + causal mask) V per trajectory, written out (softmax in
+  float32, as transformers' eager attention): a reference to check a kernel against, O(L_b²) memory;
+- ``flash_attention_2`` → transformers' own ``flash_attention_2``, which reads the pack from the
+  ``cu_seq_lens_*`` keywords and calls ``flash_attn_varlen_func`` (``flash_attn`` package; CUDA, bf16/fp16).
 
 The pack is known from, in order: the ``cu_seq_lens_q`` keyword that transformers threads down to every
 attention call (the flash-attn convention; gradient-checkpointed layers replay it in backward), or the
 `packed_context` the caller opened. Outside both, ``sao_varlen`` is exactly the stock ``sdpa`` mask and
-attention, so the same model still does padded forwards and KV-cache generation.
+attention (and ``sao_varlen_eager`` a plain eager attention on the stock eager mask), so the same model
+still does padded forwards and KV-cache generation.
 
-Owns: the attention/mask registration and the pack context. Does not own: model loading or log-probs.
+Which kernel runs per trajectory (``sdpa``: torch chooses per call, `torch._fused_sdp_choice`, in the order
+cuDNN/flash, memory-efficient, math on CUDA and flash, math on the CPU; the CPU rows were checked with the
+installed torch 2.13, the CUDA rows read from torch's ``sdp_utils.cpp``):
+
+===========  ===========  =================  ==============================================================
+device       dtype        implementation     kernel
+===========  ===========  =================  ==============================================================
+CPU          fp32 / bf16  sdpa               flash (CPU); it accepts GQA: ``enable_gqa``, no K/V copy
+CUDA sm80+   bf16 / fp16  sdpa               flash (head_dim ≤ 256) or cuDNN; both accept GQA: no K/V copy
+CUDA         fp32         sdpa               memory-efficient (flash and cuDNN are bf16/fp16 only). Torch
+                                             releases up to at least 2.11 refuse ``enable_gqa`` there and
+                                             fall to the O(L²) math kernel: K/V heads are repeated instead
+CUDA         bf16 / fp16  flash_attention_2  flash-attn varlen, one call for the whole pack
+CUDA / CPU   fp32 / any   flash_attention_2  refused (`sao.models.prepare.prepare_for_training`)
+any          any          eager              matmul, float32 softmax, matmul: O(L²) scores, K/V repeated
+===========  ===========  =================  ==============================================================
+
+GQA (fewer key/value heads than query heads, as Qwen3): before each per-trajectory ``sdpa`` call torch is
+asked which kernel ``enable_gqa=True`` would get. When that is the math kernel but K/V with repeated heads
+(``repeat_interleave``, transformers' ``repeat_kv``) would get a fused one, the heads are repeated (a copy of
+that trajectory's K/V, ``H / H_kv`` times larger) and ``enable_gqa`` is not passed; otherwise K/V go as they
+are. The decision follows the torch version, GPU, dtype and head size at run time, not this table.
+
+Owns: the attention/mask registration, the kernel choice and the pack context. Does not own: model loading
+or log-probs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend
 from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask, sdpa_mask
 
-__all__ = ["PACKED_ATTENTION", "enable_packed_attention", "packed_attention_kwargs", "packed_context"]
+__all__ = [
+    "ATTN_IMPLEMENTATIONS",
+    "PACKED_ATTENTION",
+    "PACKED_EAGER_ATTENTION",
+    "enable_packed_attention",
+    "gqa_operands",
+    "packed_attention_kwargs",
+    "packed_context",
+]
 
 PACKED_ATTENTION = "sao_varlen"
+PACKED_EAGER_ATTENTION = "sao_varlen_eager"
+# model.attn_implementation -> the name registered with transformers
+ATTN_IMPLEMENTATIONS: dict[str, str] = {
+    "sdpa": PACKED_ATTENTION,
+    "eager": PACKED_EAGER_ATTENTION,
+    "flash_attention_2": "flash_attention_2",
+}
 
 
 class _Pack(NamedTuple):
@@ -55,8 +103,8 @@ def _host_bounds(cu_seqlens: Tensor) -> tuple[int, ...]:
 
 @contextlib.contextmanager
 def packed_context(cu_seqlens: Tensor) -> Iterator[None]:
-    """While active, ``sao_varlen`` treats every ``(1, T)`` forward as ``len(cu_seqlens) - 1`` independent
-    causal sequences, sequence b at ``cu_seqlens[b]:cu_seqlens[b + 1]`` (``(B + 1,)`` int, 0 … T).
+    """While active, the packed implementations treat every ``(1, T)`` forward as ``len(cu_seqlens) - 1``
+    independent causal sequences, sequence b at ``cu_seqlens[b]:cu_seqlens[b + 1]`` (``(B + 1,)`` int, 0 … T).
 
     Context-local (a `ContextVar`): threads and asyncio tasks each see their own pack. Nests.
     """
@@ -70,9 +118,9 @@ def packed_context(cu_seqlens: Tensor) -> Iterator[None]:
 def packed_attention_kwargs(cu_seqlens: Tensor, max_seqlen: int) -> dict[str, Any]:
     """The flash-attn varlen keywords for a packed forward: ``model(..., **packed_attention_kwargs(...))``.
 
-    transformers passes them to every attention call (and gradient checkpointing replays them), so
-    ``sao_varlen`` and ``flash_attention_2`` both find the pack even when backward recomputes a layer after
-    `packed_context` has closed.
+    transformers passes them to every attention call (and gradient checkpointing replays them), so the
+    packed implementations and ``flash_attention_2`` all find the pack even when backward recomputes a
+    layer after `packed_context` has closed.
     """
     return {
         "cu_seq_lens_q": cu_seqlens,
@@ -92,11 +140,90 @@ def _current_pack(kwargs: dict[str, Any]) -> _Pack | None:
     return _Pack(cu, _host_bounds(cu))
 
 
-def _packed_mask(*args: Any, **kwargs: Any) -> Tensor | None:
-    """Mask function of ``sao_varlen``: none inside `packed_context`, the stock sdpa mask outside."""
-    if _PACK.get() is not None:
-        return None
-    return sdpa_mask(*args, **kwargs)
+# ---- one trajectory --------------------------------------------------------------------------------------
+
+
+def _fused(query: Tensor, key: Tensor, value: Tensor, dropout: float, scale: float | None, gqa: bool) -> bool:
+    """Whether torch would run a fused (non-math) kernel for this causal sdpa call."""
+    choice = torch._fused_sdp_choice(query, key, value, None, dropout, True, scale=scale, enable_gqa=gqa)
+    return choice != SDPBackend.MATH.value
+
+
+def gqa_operands(
+    query: Tensor, key: Tensor, value: Tensor, dropout: float = 0.0, scale: float | None = None
+) -> tuple[Tensor, Tensor, bool]:
+    """``(key, value, enable_gqa)`` for one causal sdpa call: ``query (1, H, L, D)``, ``key``/``value``
+    ``(1, H_kv, L, D)``. K/V heads are repeated (``(1, H, L, D)`` copies, enable_gqa False) exactly when
+    ``enable_gqa`` would get torch's math kernel and repeated heads a fused one (module docstring)."""
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if heads == kv_heads:
+        return key, value, False
+    if _fused(query, key, value, dropout, scale, gqa=True):
+        return key, value, True
+    groups = heads // kv_heads
+    key_x, value_x = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if _fused(query, key_x, value_x, dropout, scale, gqa=False):
+        return key_x, value_x, False
+    return key, value, True  # the math kernel either way: no copies
+
+
+def _sdpa_causal(query: Tensor, key: Tensor, value: Tensor, dropout: float, scale: float | None) -> Tensor:
+    """``(1, H, L, D)`` causal attention of one trajectory by torch's sdpa."""
+    key, value, gqa = gqa_operands(query, key, value, dropout, scale)
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=gqa
+    )
+
+
+def _eager_scores(query: Tensor, key: Tensor, value: Tensor, scale: float | None) -> tuple[Tensor, Tensor]:
+    """(scores ``(B, H, Lq, Lk)``, value with repeated heads), transformers' eager layout."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    return torch.matmul(query, key.transpose(2, 3)) * scale, value
+
+
+def _eager_weights(scores: Tensor, dropout: float, dtype: torch.dtype) -> Tensor:
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
+    return torch.nn.functional.dropout(weights, p=dropout) if dropout > 0 else weights
+
+
+def _eager_causal(query: Tensor, key: Tensor, value: Tensor, dropout: float, scale: float | None) -> Tensor:
+    """``(1, H, L, D)`` causal attention of one trajectory, written out (softmax in float32)."""
+    scores, value = _eager_scores(query, key, value, scale)
+    length = query.shape[2]
+    future = torch.ones(length, length, dtype=torch.bool, device=query.device).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.matmul(_eager_weights(scores, dropout, query.dtype), value)
+
+
+# ---- the registered implementations --------------------------------------------------------------------
+
+_Kernel = Callable[[Tensor, Tensor, Tensor, float, float | None], Tensor]
+
+
+def _per_trajectory(
+    kernel: _Kernel, pack: _Pack, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+    dropout: float, scaling: float | None, kwargs: dict[str, Any],
+) -> tuple[Tensor, None]:  # fmt: skip
+    """``query`` ``(1, H, T, D)``, ``key``/``value`` ``(1, H_kv, T, D)`` → ``((1, T, H, D), None)``:
+    ``kernel`` on each trajectory of ``pack``."""
+    total = pack.bounds[-1]
+    if query.shape[0] != 1 or query.shape[2] != total or key.shape[2] != total:
+        raise ValueError(
+            f"packed attention expects query and key of shape (1, heads, {total}, head_dim) matching "
+            f"cu_seqlens (no batch dimension, no KV cache); got query {tuple(query.shape)}, "
+            f"key {tuple(key.shape)}"
+        )
+    if kwargs.get("sliding_window") is not None or not getattr(module, "is_causal", True):
+        raise NotImplementedError(f"{PACKED_ATTENTION} implements full causal attention only")
+    # A mask here can only be transformers' own block-diagonal one (the pack was passed as keywords outside
+    # packed_context); cu_seqlens describe the same pattern, so it is not needed.
+    outputs = [
+        kernel(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout, scaling)
+        for a, b in itertools.pairwise(pack.bounds)
+    ]
+    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
 
 
 def _packed_attention(
@@ -109,50 +236,69 @@ def _packed_attention(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None]:
-    """Attention function of ``sao_varlen``.
-
-    ``query`` ``(1, H, T, D)``, ``key``/``value`` ``(1, H_kv, T, D)`` → ``((1, T, H, D), None)``, the layout
-    of transformers' ``sdpa_attention_forward``, to which it delegates when no pack is active.
-    """
+    """Attention function of ``sao_varlen``: per-trajectory sdpa inside a pack, transformers'
+    ``sdpa_attention_forward`` outside (same layouts)."""
     pack = _current_pack(kwargs)
     if pack is None:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    total = pack.bounds[-1]
-    if query.shape[0] != 1 or query.shape[2] != total or key.shape[2] != total:
-        raise ValueError(
-            f"packed attention expects query and key of shape (1, heads, {total}, head_dim) matching "
-            f"cu_seqlens (no batch dimension, no KV cache); got query {tuple(query.shape)}, "
-            f"key {tuple(key.shape)}"
-        )
-    if kwargs.get("sliding_window") is not None or not getattr(module, "is_causal", True):
-        raise NotImplementedError(f"{PACKED_ATTENTION} implements full causal attention only")
-    # A mask here can only be transformers' own block-diagonal one (the pack was passed as keywords outside
-    # packed_context); cu_seqlens describe the same pattern, so it is not needed.
-    gqa = query.shape[1] != key.shape[1]
-    outputs = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end],
-            key[:, :, start:end],
-            value[:, :, start:end],
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
-            enable_gqa=gqa,
-        )
-        for start, end in itertools.pairwise(pack.bounds)
-    ]
-    return torch.cat(outputs, dim=2).transpose(1, 2).contiguous(), None
+    return _per_trajectory(_sdpa_causal, pack, module, query, key, value, dropout, scaling, kwargs)
+
+
+def _packed_eager_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """Attention function of ``sao_varlen_eager``: per-trajectory eager attention inside a pack; outside,
+    eager attention under transformers' additive eager mask ``(B, 1, Lq, Lk)``."""
+    pack = _current_pack(kwargs)
+    if pack is not None:
+        return _per_trajectory(_eager_causal, pack, module, query, key, value, dropout, scaling, kwargs)
+    scores, value = _eager_scores(query, key, value, scaling)
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, :, : scores.shape[-1]]
+    out = torch.matmul(_eager_weights(scores, dropout, query.dtype), value)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_mask(stock: Callable[..., Tensor | None]) -> Callable[..., Tensor | None]:
+    """A mask function: none inside `packed_context`, ``stock``'s mask outside."""
+
+    def mask(*args: Any, **kwargs: Any) -> Tensor | None:
+        return None if _PACK.get() is not None else stock(*args, **kwargs)
+
+    return mask
 
 
 AttentionInterface.register(PACKED_ATTENTION, _packed_attention)
-ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, _packed_mask)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_ATTENTION, _packed_mask(sdpa_mask))
+AttentionInterface.register(PACKED_EAGER_ATTENTION, _packed_eager_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_EAGER_ATTENTION, _packed_mask(eager_mask))
 
 
-def enable_packed_attention(model: PreTrainedModel) -> PreTrainedModel:
-    """Switch ``model`` (and its sub-models) to ``sao_varlen`` in place and return it."""
-    model.set_attn_implementation(PACKED_ATTENTION)
-    if model.config._attn_implementation != PACKED_ATTENTION:
-        raise ValueError(f"{type(model).__name__} does not accept a custom attention implementation")
+def enable_packed_attention(model: PreTrainedModel, implementation: str = "sdpa") -> PreTrainedModel:
+    """Switch ``model`` (and its sub-models) in place to the packed form of ``implementation``
+    (``model.attn_implementation``: ``sdpa``, ``eager`` or ``flash_attention_2``; `ATTN_IMPLEMENTATIONS`)
+    and return it. Raises ValueError for an unknown name or a model that refuses a custom implementation,
+    ImportError for ``flash_attention_2`` without the ``flash_attn`` package."""
+    if implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"model.attn_implementation={implementation!r}: choose one of {', '.join(ATTN_IMPLEMENTATIONS)}"
+        )
+    if implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise ImportError(
+            "model.attn_implementation='flash_attention_2' needs the flash_attn package, which is not "
+            "installed (pip install flash-attn, CUDA only); use model.attn_implementation='sdpa'"
+        )
+    name = ATTN_IMPLEMENTATIONS[implementation]
+    model.set_attn_implementation(name)
+    if model.config._attn_implementation != name:
+        raise ValueError(f"{type(model).__name__} does not accept the attention implementation {name!r}")
     return model

@@ -26,6 +26,11 @@ pretraining does). Parameters that receive no gradient on some rank get zeros th
 used then gets a zero gradient where one process has none (AdamW still decays its moments). sao's models
 use every trainable parameter in every forward (MoE experts are fused tensors), so this never arises there.
 
+Mixed precision is FSDP's ``MixedPrecisionPolicy`` (`sao.models.precision.fsdp_policy`): the sharded
+parameters stay in the master dtype, each unit gathers them in the compute dtype and reduce-scatters float32
+gradients. The trainer reduces once per optimizer step, not per micro-batch (``set_requires_gradient_sync``
+in `sao.train.step`); FSDP then accumulates the unsharded gradients in the policy's reduce dtype.
+
 Owns: the wrapping and the gather. Does not own: the process group, optimizers, checkpoints on disk.
 """
 
@@ -66,7 +71,8 @@ def shard_model(
     Units: each decoder layer, the backbone (with the policy's LM head, module docstring), the critic's
     value head, the root. ``mesh``: the 1-D data-parallel mesh (default: all ranks of the default group,
     on CUDA if available, else the CPU). ``mp_policy``: FSDP's mixed precision (default: none, the
-    parameters' dtype throughout). ``reshard_after_forward`` applies to the layers and the critic's units
+    parameters' dtype throughout; `sao.models.precision.fsdp_policy` gives sao's: bf16 compute, float32
+    reduction on float32 parameters). ``reshard_after_forward`` applies to the layers and the critic's units
     (False keeps them gathered until backward: more memory, fewer all-gathers). Gradients are summed over
     the ranks (`set_gradient_reduction`). torch.distributed must be initialised; every rank calls this
     with the same model.

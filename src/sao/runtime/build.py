@@ -271,7 +271,8 @@ FACTORIES: dict[str, Factory] = {
                        ("algo.*", "critic.freeze", "critic.lr", "critic.lr_warmup_steps",
                         "critic.warmup_steps", "critic.value_clip", "critic.recompute_values",
                         "critic.grad_clip", "trainer.lr",
-                        "trainer.micro_batch_tokens", "trainer.grad_clip", "trainer.max_consecutive_skips",
+                        "trainer.micro_batch_tokens", "trainer.grad_clip", "trainer.gradient_sync",
+                        "trainer.max_consecutive_skips",
                         "trainer.total_steps",
                         "trainer.lr_schedule", "trainer.warmup_steps", "trainer.weight_decay",
                         "engine.temperature"),
@@ -334,7 +335,8 @@ def build_trainer(cfg: RunConfig, actor: Any, critic: Any) -> Any:
     from sao.train.step import Trainer
 
     args: TrainerArgs = FACTORIES["trainer"](cfg)
-    return Trainer(actor, critic, args.algo, args.critic, args.optim, temperature=args.temperature)
+    return Trainer(actor, critic, args.algo, args.critic, args.optim, temperature=args.temperature,
+                   gradient_sync=args.optim.gradient_sync)  # fmt: skip
 
 
 def build_tokenizer(args: TokenizerArgs, checkpoint: Path) -> Any:

@@ -44,7 +44,7 @@ from sao.config import ConfigError, RunConfig, dump_config
 from sao.sinks import METRICS_FILE
 from sao.types import Batch, Trajectory
 
-from .build import assemble, build_env_factory, build_tasks, build_trainer
+from .build import assemble, build_env_factory, build_tasks, build_tokenizer, build_trainer
 from .clock import TrainingClock
 from .engine_guard import SupervisedEngine
 from .engines import EngineStartError, start_engine
@@ -60,7 +60,7 @@ from .run_logs import EpisodeLog, Timeline
 from .sampler import PromptSampler
 from .sources import Sources
 from .staleness import StalenessManager
-from .weight_sync import InprocSync
+from .weight_sync import InprocSync, push_dtype
 
 T = TypeVar("T")
 
@@ -178,27 +178,26 @@ class Run:
             )
 
     def _load_models(self) -> None:
-        from sao.models.attention import enable_packed_attention
         from sao.models.critic import load_critic
-        from sao.models.loading import load_policy, load_tokenizer, model_from_config
-        from sao.train.common import set_seed
+        from sao.models.loading import load_policy, model_from_config
+        from sao.train.common import ready_for_training, set_seed
 
         actor, critic, loaded = self.parts["actor"], self.parts["critic"], self.loaded
         set_seed(actor.seed)
         self.base_dir = model_from_config(actor.model, self.run_dir.parent / ".sao-models", seed=actor.seed)
         self.actor_dir = loaded.actor_dir if loaded else self.base_dir
-        self.tokenizer = load_tokenizer(self.base_dir)
+        self.tokenizer = build_tokenizer(self.parts["tokenizer"], self.base_dir)
         if self.distributed:
             return
-        model = actor.model
-        self.actor = enable_packed_attention(
-            load_policy(self.actor_dir, dtype=model.dtype, device=model.device)
-        )
+        compute = critic.compute  # the trainer's precision, kernel and checkpointing (actor and critic)
+        policy = load_policy(self.actor_dir, dtype=compute.master_dtype, device=compute.device)
+        self.actor = ready_for_training(policy, compute)
         self.critic = None
         if critic.enabled:
             critic_dir = loaded.critic_dir if loaded and loaded.critic_dir else self.base_dir
-            self.critic = load_critic(critic_dir, freeze="none", dtype=critic.dtype, device=critic.device,
-                                      head_init=critic.head_init)  # fmt: skip
+            model = load_critic(critic_dir, freeze="none", dtype=compute.master_dtype, device=compute.device,
+                                head_init=critic.head_init)  # fmt: skip
+            self.critic = ready_for_training(model, compute)
 
     async def _assemble(self) -> None:
         from sao.sinks import make_sinks
@@ -220,7 +219,8 @@ class Run:
         self.pre_metrics = await self._pretrain_critic() if self.loaded is None else {}
         if not self.distributed:  # built after value pretraining: it (re)applies the critic's freezing
             self.trainer = build_trainer(self.cfg, self.actor, self.critic)
-            self.sync = InprocSync(self.engine, self.actor)
+            e = self.parts["engine"]
+            self.sync = InprocSync(self.engine, self.actor, push_dtype(e.backend, e.dtype, e.device))
         self.sampler = self._sampler()
         if gw.source in ("env", "both"):
             self.producer = Producer(

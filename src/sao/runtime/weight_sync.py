@@ -3,7 +3,9 @@
 ``runtime.weight_sync`` picks the path (``auto``: ``inproc`` for the local runtime, ``broadcast`` for
 Ray):
 
-- ``inproc`` (`InprocSync`): the local runtime's actor state dict handed to the engine in process.
+- ``inproc`` (`InprocSync`): the local runtime's actor state dict handed to the engine in process, cast to
+  the engine's dtype on the way (`push_dtype`): a float32-master trainer feeds a bfloat16 engine half the
+  bytes, and the engine never holds a reference to the trainer's live weights.
 - ``object_store`` (`ObjectStoreSync`): trainer rank 0 puts the full state into Ray's object store; each
   replica resolves the reference itself (the tensors never pass through the driver). Small models, CPU.
 - ``broadcast`` (`BroadcastSync`): a standalone process group of trainer rank 0 (rank 0) and the
@@ -25,7 +27,15 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["BroadcastSync", "DiskSync", "InprocSync", "ObjectStoreSync", "WeightSync", "make_weight_sync"]
+__all__ = [
+    "BroadcastSync",
+    "DiskSync",
+    "InprocSync",
+    "ObjectStoreSync",
+    "WeightSync",
+    "make_weight_sync",
+    "push_dtype",
+]
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +46,30 @@ class WeightSync(Protocol):
         ...
 
 
-class InprocSync:
-    """The local runtime: the actor's state dict to the engine, in process."""
+def push_dtype(backend: str, dtype: str, device: str) -> Any:
+    """The ``torch.dtype`` weights are pushed in to an engine of ``engine.backend`` / ``engine.dtype`` on
+    ``device``, or None (push the trainer's dtype; the engine casts on load). ``local``/``process`` engines
+    load with `sao.models.loading.resolve_dtype` (``auto``: bfloat16 on CUDA, float32 elsewhere), so their
+    dtype is known here; a server's ``auto`` is its own choice (the checkpoint's dtype), so it is not
+    guessed. Raises ValueError for an unknown dtype."""
+    from sao.models.loading import resolve_device, resolve_dtype
 
-    def __init__(self, engine: Any, actor: Any) -> None:
-        self.engine, self.actor = engine, actor
+    if dtype == "auto" and backend not in ("local", "process"):
+        return None
+    return resolve_dtype(dtype, resolve_device(device) if dtype == "auto" else "cpu")
+
+
+class InprocSync:
+    """The local runtime: the actor's state dict to the engine, in process, cast to ``dtype`` (the engine's,
+    `push_dtype`; None: as the trainer holds it). The trainer's weights are never changed."""
+
+    def __init__(self, engine: Any, actor: Any, dtype: Any = None) -> None:
+        self.engine, self.actor, self.dtype = engine, actor, dtype
 
     async def push(self, version: int) -> None:
-        await self.engine.update_weights(self.actor.state_dict(), version)
+        from sao.engine.weights import cast_state_dict
+
+        await self.engine.update_weights(cast_state_dict(self.actor.state_dict(), self.dtype), version)
 
 
 class ObjectStoreSync:

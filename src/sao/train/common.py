@@ -9,13 +9,15 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
+from torch import nn
 
-__all__ = ["atomic_dir", "batches_forever", "set_seed", "split_eval", "warmup_cosine"]
+__all__ = ["atomic_dir", "batches_forever", "ready_for_training", "set_seed", "split_eval", "warmup_cosine"]
 
 T = TypeVar("T")
+M = TypeVar("M", bound=nn.Module)
 
 
 def split_eval(items: Sequence[T], eval_frac: float, seed: int) -> tuple[list[T], list[T]]:
@@ -77,3 +79,20 @@ def atomic_dir(out_dir: str | Path) -> Iterator[Path]:
 def set_seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def ready_for_training(model: M, compute: Any) -> M:
+    """A loaded model (weights in the master dtype) made ready for one-process training, in place:
+    ``compute``'s attention kernel and activation checkpointing (`sao.models.prepare.prepare_for_training`),
+    and forward/backward in the compute dtype while weights, gradients and AdamW state stay in the master
+    dtype (`sao.models.precision.cast_for_compute`). ``compute``: ``dtype``, ``master_dtype``, ``device``,
+    ``attn_implementation``, ``gradient_checkpointing`` (`sao.models.prepare.ComputeSettings`)."""
+    from sao.models.loading import resolve_device
+    from sao.models.precision import Precision, cast_for_compute
+    from sao.models.prepare import prepare_for_training
+
+    prepare_for_training(model, compute)
+    precision = Precision.resolve(compute.dtype, compute.master_dtype, resolve_device(compute.device))
+    if precision.mixed:
+        cast_for_compute(model, precision.compute)
+    return model

@@ -1,10 +1,14 @@
 """Supervised warm start on chat conversations, loss on assistant (action) tokens only.
 
 Data: JSONL, one conversation per line, ``{"messages": [{"role": ..., "content": ...}, ...]}``. Each is
-rendered with :func:`sao.models.chat.render_chat`, so the loss mask is exactly the RL trainer's action
-mask. Training packs conversations (no padding), takes the token-mean negative log-likelihood over the
-action tokens of each optimizer batch, reports a held-out loss periodically, and writes the model and
-tokenizer to ``out_dir`` atomically, with ``sft_metrics.jsonl`` beside them.
+tokenised with :func:`sao.models.chat.render_chat` at the boundaries an RL rollout of it has, so the
+tokens and the loss mask are exactly what the RL trainer sees (whatever the chat template does to earlier
+turns). ``chat_template`` replaces the checkpoint's template and ``enable_thinking`` is bound into it
+(both saved with the result, so evaluation and RL render as SFT did). Weights, gradients and AdamW state
+are in ``master_dtype`` (float32), forward and backward in ``dtype`` (bfloat16 on CUDA), as in RL.
+Training packs conversations (no padding), takes the token-mean negative log-likelihood over the action
+tokens of each optimizer batch, reports a held-out loss periodically, and writes the model and tokenizer
+to ``out_dir`` atomically, with ``sft_metrics.jsonl`` beside them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
 from sao.sinks import JsonlMetricsSink
 from sao.types import Batch, Trajectory
 
-from .common import atomic_dir, batches_forever, set_seed, split_eval, warmup_cosine
+from .common import atomic_dir, batches_forever, ready_for_training, set_seed, split_eval, warmup_cosine
 
 __all__ = ["SFTOptions", "load_chat_jsonl", "run_sft", "sft_loss"]
 
@@ -44,8 +48,13 @@ class SFTOptions:
     grad_clip: float = 1.0
     weight_decay: float = 0.0
     seed: int = 0
-    dtype: str = "auto"
+    dtype: str = "auto"  # compute dtype of forward and backward (auto: bfloat16 on CUDA, float32 elsewhere)
+    master_dtype: str = "float32"  # weights, gradients and AdamW state
     device: str = "auto"
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool | None = None  # None: on with CUDA
+    chat_template: str | None = None  # a .jinja path or a template shipped with sao ("qwen3", "hermes")
+    enable_thinking: bool | None = None  # passed to the chat template when not None
 
 
 def load_chat_jsonl(path: str | Path) -> list[tuple[list[dict[str, Any]], list[Any] | None]]:
@@ -88,12 +97,15 @@ def sft_loss(model: torch.nn.Module, batch: Batch, micro_batch_tokens: int, back
 
 
 def _trajectories(
-    tokenizer: Any, conversations: Sequence[tuple[list[dict[str, Any]], list[Any] | None]], max_tokens: int
+    tokenizer: Any,
+    conversations: Sequence[tuple[list[dict[str, Any]], list[Any] | None]],
+    max_tokens: int,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> list[Trajectory]:
     out = []
     for i, (messages, tools) in enumerate(conversations):
         try:
-            rendered = render_chat(tokenizer, messages, tools=tools)
+            rendered = render_chat(tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
         except ChatTemplateError as err:
             raise ValueError(f"conversation {i}: {err}") from None
         traj = sft_trajectory(rendered, prompt_id=f"sft-{i}", max_tokens=max_tokens)
@@ -129,16 +141,21 @@ def run_sft(
 
     Returns ``{"train_loss", "eval_loss_start", "eval_loss", "steps"}``.
     """
-    from sao.models.attention import enable_packed_attention
     from sao.models.loading import load_policy, load_tokenizer
 
     console = console or Console(stderr=True)
     set_seed(opts.seed)
-    tokenizer = load_tokenizer(model_dir)
-    model = load_policy(model_dir, dtype=opts.dtype, device=opts.device)
-    enable_packed_attention(model)
+    tokenizer = load_tokenizer(model_dir, chat_template=opts.chat_template)
+    if opts.enable_thinking is not None:  # bound into the saved template: evaluation and RL render the same
+        from sao.models.templates import bind_template_variables
+
+        tokenizer.chat_template = bind_template_variables(
+            tokenizer.chat_template, enable_thinking=opts.enable_thinking
+        )
+    model = ready_for_training(load_policy(model_dir, dtype=opts.master_dtype, device=opts.device), opts)
     model.train()
-    trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens)
+    template_kwargs = {"enable_thinking": opts.enable_thinking}
+    trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens, template_kwargs)
     train, held_out = split_eval(trajs, opts.eval_frac, opts.seed)
     console.print(f"sft: {len(train)} train / {len(held_out)} eval conversations, {opts.steps} steps")
 

@@ -43,17 +43,29 @@ every rank. Gradients must be *summed* over ranks (`sao.models.sharding` sets FS
 is its share of the whole-batch loss. The skip decision uses the summed loss and the global gradient norm,
 so it is the same on every rank. With `LocalCollective` (the default) the step is the single-process one.
 
+Gradient reduction once per optimizer step (``gradient_sync="step"``, the default): on FSDP2 models the
+backward of every micro-batch but the last skips the reduce-scatter (``set_requires_gradient_sync``) and
+adds its gradients to the rank's *unsharded* sum; the last one reduce-scatters that sum once (the actor's
+step, and each of the K critic steps, is one such step). FSDP2 keeps that sum in the policy's reduce dtype
+(float32 with `sao.models.precision.fsdp_policy`: each micro-batch's compute-dtype gradient is upcast before
+it is added), so accumulation is as exact as with a reduce-scatter per micro-batch. The price is memory: from
+the first backward to the step, every rank holds a full unsharded gradient in the reduce dtype (4 bytes per
+parameter in float32: 32 GB for an 8B model, 122 GB for Qwen3-30B-A3B), where per-micro-batch reduction
+holds one unit's unsharded gradient at a time. ``gradient_sync="micro_batch"`` is that trade the other way.
+A rank with one micro-batch reduces once either way; one process is unaffected.
+
 The trainer is built from its own config sections (``algo``, ``critic``, ``trainer``) and the sampling
 temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -176,6 +188,9 @@ class Trainer:
         collective: the reductions over the trainer's ranks (default `LocalCollective`: one process). With
             more than one rank the models are FSDP-sharded with summed gradients (`sao.models.sharding`)
             and every ``train_step`` passes the rank's ``shard``.
+        gradient_sync: FSDP2 models only: ``"step"`` reduce-scatters once per optimizer step (the rank
+            holds its unsharded gradient sum across micro-batches, module docstring), ``"micro_batch"``
+            after every micro-batch's backward (sharded gradients only, one reduce-scatter per micro-batch).
     """
 
     def __init__(
@@ -188,11 +203,15 @@ class Trainer:
         *,
         temperature: float = 1.0,
         collective: Collective | None = None,
+        gradient_sync: Literal["step", "micro_batch"] = "step",
     ) -> None:
         if algo.uses_critic and critic is None:
             raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
+        if gradient_sync not in ("step", "micro_batch"):
+            raise ValueError(f"gradient_sync must be 'step' or 'micro_batch', got {gradient_sync!r}")
         self.actor, self.critic = actor, critic
         self.algo, self.critic_cfg, self.optim = algo, critic_cfg, optim
+        self.gradient_sync = gradient_sync
         self.device = next(actor.parameters()).device
         self.collective: Collective = collective if collective is not None else LocalCollective()
         self.temperature = temperature if temperature > 0 else 1.0
@@ -291,6 +310,20 @@ class Trainer:
         return self.uses_critic and self.step < self.critic_cfg.warmup_steps
 
     # ---- the step ----------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _reduce_on_last(self, model: nn.Module | None, count: int) -> Iterator[Callable[[int], None]]:
+        """Yields ``before_backward(i)``, to call before the backward of micro-batch ``i`` of ``count``: on an
+        FSDP2 model with ``gradient_sync="step"`` it turns the reduce-scatter off for all but the last one
+        (FSDP2 reads the switch in backward); the switch is back on afterwards, whatever happens."""
+        setter = getattr(model, "set_requires_gradient_sync", None)
+        if setter is None or self.gradient_sync != "step":
+            yield lambda i: None
+            return
+        try:
+            yield lambda i: setter(i == count - 1)
+        finally:
+            setter(True)
 
     def train_step(
         self,
@@ -405,15 +438,17 @@ class Trainer:
         for _ in range(k_critic):
             self.critic_optim.zero_grad(set_to_none=True)
             total = torch.zeros((), device=self.device)
-            for part, sl in zip(parts, slices, strict=True):
-                v = first if first is not None else token_values(self.critic, part).float()
-                first = None
-                loss, _ = value_loss(
-                    v, local_returns[sl], local_mask[sl], local_old[sl], ccfg.value_clip,
-                    denominator=denominator, with_metrics=False,
-                )  # fmt: skip
-                loss.backward()
-                total = total + loss.detach()
+            with self._reduce_on_last(self.critic, len(parts)) as before_backward:
+                for i, (part, sl) in enumerate(zip(parts, slices, strict=True)):
+                    v = first if first is not None else token_values(self.critic, part).float()
+                    first = None
+                    loss, _ = value_loss(
+                        v, local_returns[sl], local_mask[sl], local_old[sl], ccfg.value_clip,
+                        denominator=denominator, with_metrics=False,
+                    )  # fmt: skip
+                    before_backward(i)
+                    loss.backward()
+                    total = total + loss.detach()
             norm = _clip_grad_norm(self.critic_params, ccfg.grad_clip)
             total = self.collective.sum(total)  # the whole batch's loss: the same skip decision everywhere
             if finite_update(total, norm):
@@ -475,41 +510,43 @@ class Trainer:
         fresh_logprobs, entropies = [], []
         total = torch.zeros((), device=self.device)
         self.actor_optim.zero_grad(set_to_none=True)
-        for part, sl in zip(parts, _token_slices(parts), strict=True):
-            lp, entropy = self._logprobs(part, True)
-            mask = part.action_mask
-            loss, loss_metrics = self.loss.fn(
-                lp,
-                reference[sl],
-                advantages[sl],
-                mask,
-                algo.eps_low,
-                algo.eps_high,
-                agg,
-                part.cu_seqlens,
-                denominator=den,
-            )
-            loss_metrics = dict(loss_metrics)
-            if algo.nll_coef > 0:
-                nll, nll_metrics = positive_nll_loss(
-                    lp, mask, positive[sl], agg, part.cu_seqlens, denominator=pos_den
+        with self._reduce_on_last(self.actor, len(parts)) as before_backward:
+            for i, (part, sl) in enumerate(zip(parts, _token_slices(parts), strict=True)):
+                lp, entropy = self._logprobs(part, True)
+                mask = part.action_mask
+                loss, loss_metrics = self.loss.fn(
+                    lp,
+                    reference[sl],
+                    advantages[sl],
+                    mask,
+                    algo.eps_low,
+                    algo.eps_high,
+                    agg,
+                    part.cu_seqlens,
+                    denominator=den,
                 )
-                loss = loss + algo.nll_coef * nll
-                loss_metrics.update(nll_metrics)
-            loss.backward()
-            total = total + loss.detach()
-            fresh_logprobs.append(lp.detach())
-            if self._capture is not None:
-                entropies.append(entropy.detach())
-            n_action = float(mask.sum())
-            # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
-            scale = n_total / max(n_action, 1.0)
-            if algo.nll_coef > 0:
-                loss_metrics["nll/loss"] = nll.detach() * scale
-            assert entropy is not None
-            loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
-            loss_metrics["actor/loss"] = loss.detach() * scale
-            acc.add(loss_metrics, n_action)
+                loss_metrics = dict(loss_metrics)
+                if algo.nll_coef > 0:
+                    nll, nll_metrics = positive_nll_loss(
+                        lp, mask, positive[sl], agg, part.cu_seqlens, denominator=pos_den
+                    )
+                    loss = loss + algo.nll_coef * nll
+                    loss_metrics.update(nll_metrics)
+                before_backward(i)
+                loss.backward()
+                total = total + loss.detach()
+                fresh_logprobs.append(lp.detach())
+                if self._capture is not None:
+                    entropies.append(entropy.detach())
+                n_action = float(mask.sum())
+                # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
+                scale = n_total / max(n_action, 1.0)
+                if algo.nll_coef > 0:
+                    loss_metrics["nll/loss"] = nll.detach() * scale
+                assert entropy is not None
+                loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
+                loss_metrics["actor/loss"] = loss.detach() * scale
+                acc.add(loss_metrics, n_action)
         norm = _clip_grad_norm(self.actor_params, self.optim.grad_clip)
         grad_norm = float(norm)
         lr = self.actor_optim.param_groups[0]["lr"]
