@@ -153,27 +153,37 @@ def test_paper_config_resource_plan_adds_up_and_fits(path: Path) -> None:
     assert plan.engine_gpus == cfg.cluster.engine_replicas * cfg.cluster.engine_gpus
     assert plan.total_gpus == plan.trainer_gpus + plan.engine_gpus == cfg.cluster.requested()["GPU"]
     assert plan.sequences_per_replica is not None and plan.sequences_per_replica >= 1
-    assert plan.trainer_headroom_bytes is not None and plan.trainer_headroom_bytes > 10 * GIB
     assert (plan.critic_params > 0) == cfg.algo.uses_critic
+    # fp32 master weights, bf16 compute, checkpointing; the largest micro-batch is one full trajectory
+    precision = (plan.compute_dtype, plan.master_dtype, plan.gradient_checkpointing)
+    assert precision == ("bfloat16", "float32", True)
+    assert plan.micro_batch_tokens == max(cfg.trainer.micro_batch_tokens, cfg.data.max_total_tokens)
+    memory = plan.trainer_memory
+    assert memory is not None and memory.engine == 0  # the engines have GPUs of their own
+    assert memory.state == plan.trainer_state_bytes_per_gpu
+    activations = memory.activations_kept + max(memory.activations_working, memory.lm_head_chunk)
+    assert plan.trainer_peak_bytes_per_gpu == memory.state + memory.gathered + activations
 
 
-def test_qwen3_30b_a3b_figures_match_the_hand_computation() -> None:
-    plan = resource_plan(load_config(ROOT / "configs/paper/math_tir_sao.yaml"))
-    # embeddings + LM head 2 × 151936 × 2048; per layer attention 18,874,368 + q/k norms 256 + norms 4096
-    # + experts 128 × 3 × 2048 × 768 + router 2048 × 128; final norm 2048.
-    layer = 18_874_368 + 256 + 4096 + 603_979_776 + 262_144
-    assert plan.params_total == 2 * 311_164_928 + 48 * layer + 2048 == 30_532_122_624
-    assert plan.params_active == plan.params_total - 48 * 120 * 3 * 2048 * 768 == 3_353_032_704
-    assert plan.kv_bytes_per_sequence == 12 * GIB  # 96 KiB × 131072
-    # (4 GPUs × 80 GiB × 0.9 − 61.06 GB of weights) / 12 GiB = 19.26
-    assert plan.sequences_per_replica == 19
-    critic_frozen = 48 * (18_874_368 + 256)
-    assert plan.critic_params == plan.params_total - 311_164_928 + 2048 + 1
-    assert plan.critic_trainable_params == plan.critic_params - critic_frozen
-    assert (
-        plan.trainer_state_bytes
-        == 16 * (plan.params_total + plan.critic_trainable_params) + 4 * critic_frozen
-    )
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
+def test_paper_config_trainer_fits_its_gpus_with_its_reduce_per_micro_batch(path: Path) -> None:
+    """One 128k-token trajectory is a micro-batch of its own: the files reduce-scatter per micro-batch, and
+    the SAO ones (actor and critic state) use 48 trainer GPUs, where 32 would peak at ~87 GiB of 80."""
+    plan = resource_plan(load_config(path))
+    assert not plan.unsharded_gradient
+    assert plan.trainer_headroom_bytes is not None and plan.trainer_headroom_bytes > 0
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
+def test_one_reduce_per_step_holds_a_full_unsharded_fp32_gradient_on_every_rank(path: Path) -> None:
+    cfg = load_config(path)
+    step = resource_plan(load_config(path, ["trainer.gradient_sync=step"]))
+    per_micro_batch = resource_plan(load_config(path, ["trainer.gradient_sync=micro_batch"]))
+    assert step.unsharded_gradient  # several long trajectories per rank: several micro-batches
+    assert step.trainer_memory is not None and per_micro_batch.trainer_memory is not None
+    extra = step.trainer_memory.gathered - per_micro_batch.trainer_memory.gathered
+    assert extra == 4 * step.params_total  # the actor's (the larger model) fp32 gradient, unsharded
+    assert resource_plan(cfg).unsharded_gradient == (cfg.trainer.gradient_sync == "step")
 
 
 def _small_dense_checkpoint(directory: Path) -> Path:
@@ -196,6 +206,7 @@ def test_resource_plan_of_a_small_dense_model_matches_the_hand_computation(tmp_p
     overrides = [
         f"model.path={_small_dense_checkpoint(tmp_path)}",
         "model.dtype=float32",
+        "engine.dtype=float32",
         "data.max_total_tokens=100",
         "runtime.backend=ray",
         "cluster.num_cpus=8",
@@ -285,8 +296,8 @@ def test_formatted_plan_shows_the_figures() -> None:
         "96 KiB",
         "12 GiB",
         "30.53B total, 3.353B active",
-        "trainer 32 + engines 32",
-        "28 GiB of 80",
+        "trainer 48 + engines 16",
+        "77.6 GiB of 80",
     ):
         assert figure in text
 
@@ -294,3 +305,14 @@ def test_formatted_plan_shows_the_figures() -> None:
 def test_importing_the_planner_does_not_import_torch() -> None:
     code = "import sys, sao.plan.resources; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0
+
+
+def test_paper_configs_page_shows_the_plans_as_generated_now() -> None:
+    from sao.plan.paper_doc import render_blocks, render_page
+
+    page = (ROOT / "docs" / "paper_configs.md").read_text()
+    blocks = render_blocks(ROOT / "configs" / "paper")
+    assert render_page(page, blocks) == page, "docs/paper_configs.md is stale: python -m sao.plan.paper_doc"
+    assert blocks["math_tir_sao"] in page and blocks["summary"] in page
+    with pytest.raises(KeyError):
+        render_page("<!-- plan:nope -->\nold\n<!-- /plan -->", blocks)

@@ -5,8 +5,10 @@ each: `workload` (episodes to simulate) and `dists` (their distributions), `cost
 `layout` (GPUs and producer/trainer policy), `replica` (one engine as a processor-sharing server), `sim`
 (the event loop), `result` (what it reports), `split` (the best engine/trainer split of a pool),
 `calibrate` and `lsq` (stage constants fitted from a run directory), `from_config` (inputs from a run
-config), `peers` (verl's published 128-GPU table, rebuilt), `report` (rich tables). `resources` (the static
-resource plan) is separate. See docs/planner.md.
+config), `peers` (verl's published 128-GPU table, rebuilt), `report` (rich tables). The static resource
+plan is separate: `architecture` (shapes and parameter counts), `memory` (the trainer's GPU memory),
+`resources` (the plan `sao plan` prints), `paper_doc` (its tables in docs/paper_configs.md). See
+docs/planner.md.
 """
 
 from __future__ import annotations

@@ -2,39 +2,58 @@
 
 Arithmetic on the config and the model's architecture, not a measurement; `sao plan` prints it
 (`resource_plan` then `format_resource_plan`). Nothing is downloaded and torch is not imported: the
-architecture comes from ``model.path``'s ``config.json`` when that is a local checkpoint, else from
-`KNOWN_ARCHITECTURES` (transcribed from the public config.json of every model a paper config names), and
-for ``model.tiny_arch`` from sao's tiny config (`sao.models.tiny`, imported only then; it imports torch).
+architecture comes from `sao.plan.architecture` (``model.path``'s ``config.json``, else the shipped table of
+public configs, else sao's tiny config), the trainer's memory from `sao.plan.memory`.
 
 Figures and the assumptions behind them:
 
-- parameters: one entry per Hugging Face tensor of Qwen3 / Qwen3-MoE (`parameter_sizes`, the names of
-  ``named_parameters()``, fused experts as in transformers 5); *active* counts top-k of the experts;
-- KV cache per token = 2 (K and V) × layers × KV heads × head dim × bytes of the engine dtype
-  (``model.dtype``, the engines' dtype too); a full sequence is ``data.max_total_tokens`` tokens;
+- parameters: one entry per Hugging Face tensor of Qwen3 / Qwen3-MoE (`parameter_sizes`); *active* counts
+  top-k of the experts;
+- the engine dtype is ``engine.dtype`` ('auto': bfloat16 when the engine is on a GPU, float32 on the CPU);
+  the engines hold, and every weight push moves, every policy parameter in it;
+- KV cache per token = 2 (K and V) × layers × KV heads × head dim × bytes of the engine dtype; a full
+  sequence is ``data.max_total_tokens`` tokens;
 - sequences per engine replica = ⌊(GPUs × ``gpu_memory_gib`` × ``engine_memory_fraction`` − weights) / KV
-  of a full sequence⌋, the weights in the engine dtype (``engine_memory_fraction`` 0.9: vLLM's default
-  ``--gpu-memory-utilization``; activations and CUDA graphs come out of the rest);
-- a weight push moves every policy parameter in the engine dtype;
-- trainer state, sharded evenly over the trainer GPUs (FSDP2): 16 B per trainable parameter (fp32 weights,
-  gradients, AdamW m and v) and 4 B per frozen one, for the actor and, when the algorithm has one, the
-  critic (the backbone without the LM head, plus a scalar value head; ``critic.freeze`` applied by name as
-  `sao.models.freezing` does). Activations are not counted: the headroom is what is left for them.
+  of a full sequence⌋ (``engine_memory_fraction`` 0.9: vLLM's default ``--gpu-memory-utilization``;
+  activations and CUDA graphs come out of the rest);
+- trainer state, sharded evenly over the trainer GPUs (FSDP2): ``4 × master bytes`` per trainable
+  parameter (weight, gradient, AdamW m and v in ``model.master_dtype``: 16 B fp32, 8 B bf16) and the weight
+  alone per frozen one, for the actor and, when the algorithm has one, the critic (the backbone without the
+  LM head, plus a scalar value head; ``critic.freeze`` applied by name as `sao.models.freezing` does);
+- the trainer's peak per GPU for one micro-batch (`sao.plan.memory.trainer_memory`) of
+  max(``trainer.micro_batch_tokens``, ``data.max_total_tokens``) tokens (a longer trajectory is a
+  micro-batch of its own): state, FSDP's gathered units in ``model.dtype``, activations with or without
+  ``model.gradient_checkpointing`` (null: on when the trainer is on a GPU), the LM head's chunk, and, for
+  the local runtime whose engine shares the GPU, the engine's weights (and its KV cache when rollouts run
+  during training: ``runtime.mode`` async).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
-from sao.config.schema import ConfigError, ModelConfig, RunConfig
+from sao.config.schema import RunConfig
+from sao.plan.architecture import (
+    KNOWN_ARCHITECTURES,
+    Architecture,
+    active_parameters,
+    critic_parameter_sizes,
+    model_architecture,
+    parameter_sizes,
+)
+from sao.plan.memory import (
+    DTYPE_BYTES,
+    TrainerMemory,
+    activation_bytes_per_token,
+    local_engine_kv_bytes,
+    state_bytes_per_parameter,
+    trainer_memory,
+)
 
 __all__ = [
     "DEFAULT_ENGINE_MEMORY_FRACTION",
@@ -54,146 +73,7 @@ __all__ = [
 DEFAULT_GPU_MEMORY_GIB = 80.0  # an 80 GB A100 / H100; pass 141 for an H200
 DEFAULT_ENGINE_MEMORY_FRACTION = 0.9  # vLLM's --gpu-memory-utilization default
 GIB = 1024**3
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_TRAINABLE_BYTES = 16  # fp32 weight + fp32 gradient + AdamW m and v in fp32
-_FROZEN_BYTES = 4  # fp32 weight only
 _ATTENTION_MARKER = ".self_attn."  # as sao.models.freezing.ATTENTION_MARKER (that module imports torch)
-
-# The architecture keys of the public config.json of each model a paper config names (model card: the
-# Hugging Face repository of that name). Read only when model.path is not a local checkpoint.
-KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "Qwen/Qwen3-30B-A3B": {
-        "model_type": "qwen3_moe",
-        "hidden_size": 2048,
-        "num_hidden_layers": 48,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "intermediate_size": 6144,
-        "moe_intermediate_size": 768,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "vocab_size": 151936,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "max_position_embeddings": 40960,
-    },
-}
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The shape of a Qwen3 (dense) or Qwen3-MoE decoder, as its config.json gives it."""
-
-    model_type: str
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int  # the dense MLP width (also of the dense layers of a MoE model)
-    vocab_size: int
-    tie_word_embeddings: bool
-    num_experts: int = 0
-    experts_per_token: int = 0
-    moe_intermediate_size: int = 0
-    decoder_sparse_step: int = 1
-    mlp_only_layers: tuple[int, ...] = ()
-    attention_bias: bool = False
-
-    @classmethod
-    def from_hf_config(cls, config: Mapping[str, Any]) -> Architecture:
-        """From a config.json mapping; raises ValueError for a model type other than qwen3 / qwen3_moe."""
-        model_type = config.get("model_type")
-        if model_type not in ("qwen3", "qwen3_moe"):
-            raise ValueError(f"model_type {model_type!r} is not supported (qwen3, qwen3_moe)")
-        moe = model_type == "qwen3_moe"
-        heads = int(config["num_attention_heads"])
-        return cls(
-            model_type=model_type,
-            hidden_size=int(config["hidden_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
-            intermediate_size=int(config["intermediate_size"]),
-            vocab_size=int(config["vocab_size"]),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            # config.json says num_experts; transformers 5's Qwen3MoeConfig.to_dict() num_local_experts.
-            num_experts=int(config.get("num_experts") or config.get("num_local_experts") or 0) if moe else 0,
-            experts_per_token=int(config.get("num_experts_per_tok", 0)) if moe else 0,
-            moe_intermediate_size=int(config.get("moe_intermediate_size", 0)) if moe else 0,
-            decoder_sparse_step=int(config.get("decoder_sparse_step", 1)) if moe else 1,
-            mlp_only_layers=tuple(config.get("mlp_only_layers") or ()) if moe else (),
-            attention_bias=bool(config.get("attention_bias", False)),
-        )
-
-    def is_sparse(self, layer: int) -> bool:
-        """Whether decoder layer ``layer`` has a MoE block (transformers' Qwen3-MoE rule)."""
-        return (
-            self.num_experts > 0
-            and layer not in self.mlp_only_layers
-            and (layer + 1) % self.decoder_sparse_step == 0
-        )
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """K and V of one token over all layers."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
-
-
-def parameter_sizes(arch: Architecture) -> dict[str, int]:
-    """Element count of every parameter of the causal LM, by its Hugging Face name (a tied LM head is the
-    embedding and not listed twice, as in ``named_parameters()``)."""
-    h, d = arch.hidden_size, arch.head_dim
-    sizes = {"model.embed_tokens.weight": arch.vocab_size * h}
-    projections = {
-        "q_proj": (arch.num_heads * d, h),
-        "k_proj": (arch.num_kv_heads * d, h),
-        "v_proj": (arch.num_kv_heads * d, h),
-        "o_proj": (h, arch.num_heads * d),
-    }
-    for i in range(arch.num_layers):
-        layer = f"model.layers.{i}."
-        for name, (out, inp) in projections.items():
-            sizes[f"{layer}self_attn.{name}.weight"] = out * inp
-            if arch.attention_bias:
-                sizes[f"{layer}self_attn.{name}.bias"] = out
-        sizes[f"{layer}self_attn.q_norm.weight"] = d
-        sizes[f"{layer}self_attn.k_norm.weight"] = d
-        if arch.is_sparse(i):
-            e, m = arch.num_experts, arch.moe_intermediate_size
-            sizes[f"{layer}mlp.experts.gate_up_proj"] = e * 2 * m * h
-            sizes[f"{layer}mlp.experts.down_proj"] = e * h * m
-            sizes[f"{layer}mlp.gate.weight"] = e * h
-        else:
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                sizes[f"{layer}mlp.{name}.weight"] = arch.intermediate_size * h
-        sizes[f"{layer}input_layernorm.weight"] = h
-        sizes[f"{layer}post_attention_layernorm.weight"] = h
-    sizes["model.norm.weight"] = h
-    if not arch.tie_word_embeddings:
-        sizes["lm_head.weight"] = arch.vocab_size * h
-    return sizes
-
-
-def critic_parameter_sizes(arch: Architecture) -> dict[str, int]:
-    """The critic's parameters (`sao.models.critic`: the backbone and a scalar ``score`` head with bias)."""
-    sizes = {n: s for n, s in parameter_sizes(arch).items() if not n.startswith("lm_head.")}
-    return {**sizes, "score.weight": arch.hidden_size, "score.bias": 1}
-
-
-def active_parameters(arch: Architecture) -> int:
-    """Parameters one token passes through: all but the experts it is not routed to."""
-    sizes = parameter_sizes(arch)
-    idle = 0
-    if arch.num_experts:
-        unused = 1 - arch.experts_per_token / arch.num_experts
-        for name, size in sizes.items():
-            if ".mlp.experts." in name:
-                idle += round(size * unused)
-    return sum(sizes.values()) - idle
 
 
 def _freeze_matcher(freeze: str | list[str]) -> Callable[[str], bool]:
@@ -204,38 +84,6 @@ def _freeze_matcher(freeze: str | list[str]) -> Callable[[str], bool]:
         return lambda name: _ATTENTION_MARKER in name
     patterns = [re.compile(p) for p in freeze]
     return lambda name: any(p.search(name) for p in patterns)
-
-
-def model_architecture(model: ModelConfig) -> tuple[Architecture, str]:
-    """The architecture of the run's model and where it came from. Raises `ConfigError` naming
-    ``model.path`` when it is neither a local checkpoint nor in `KNOWN_ARCHITECTURES`, or its model type
-    is not supported."""
-    if model.tiny_arch is not None:
-        from sao.models.tiny import tiny_config  # imports torch: only for tiny models
-
-        config = tiny_config(model.tiny_arch, model.tiny_size).to_dict()
-        return Architecture.from_hf_config(config), f"sao tiny config {model.tiny_arch}/{model.tiny_size}"
-    assert model.path is not None  # ModelConfig holds exactly one of path / tiny_arch
-    config_file = Path(model.path) / "config.json"
-    if config_file.is_file():
-        config, source = json.loads(config_file.read_text()), str(config_file)
-    else:
-        name = model.path if model.path in KNOWN_ARCHITECTURES else _known_by_name(model.path)
-        if name is None:
-            raise ConfigError(
-                f"model.path: {model.path!r} has no config.json (not written yet?) and is not a known "
-                f"architecture ({', '.join(KNOWN_ARCHITECTURES)}); point it at a local checkpoint directory"
-            )
-        config, source = KNOWN_ARCHITECTURES[name], f"shipped table: {name} (its public config.json)"
-    try:
-        return Architecture.from_hf_config(config), source
-    except (KeyError, ValueError) as err:
-        raise ConfigError(f"model.path: {source}: {err}") from None
-
-
-def _known_by_name(path: str) -> str | None:
-    # A local copy named after the model (…/Qwen3-30B-A3B) whose directory is not there (yet).
-    return next((k for k in KNOWN_ARCHITECTURES if k.split("/")[-1] == Path(path).name), None)
 
 
 @dataclass(frozen=True)
@@ -267,27 +115,40 @@ class ResourcePlan:
     max_in_flight: int
     critic_params: int  # 0 without a critic
     critic_trainable_params: int
+    compute_dtype: str
+    master_dtype: str
+    gradient_checkpointing: bool
+    micro_batch_tokens: int  # the largest micro-batch: max(trainer.micro_batch_tokens, max_total_tokens)
+    unsharded_gradient: bool  # FSDP ranks hold a full unsharded gradient between micro-batches
     trainer_state_bytes: int
     trainer_state_bytes_per_gpu: int | None  # None: the trainer runs on CPU
+    trainer_memory: TrainerMemory | None  # one trainer GPU at its peak; None: the trainer runs on CPU
     notes: tuple[str, ...]
 
     @property
+    def trainer_peak_bytes_per_gpu(self) -> int | None:
+        """Predicted peak of one trainer GPU (for the local runtime: with the engine beside it)."""
+        return None if self.trainer_memory is None else self.trainer_memory.peak
+
+    @property
     def trainer_headroom_bytes(self) -> int | None:
-        """GPU memory a trainer GPU has left beside its share of the state (negative: it does not fit)."""
-        if self.trainer_state_bytes_per_gpu is None:
-            return None
-        return int(self.gpu_memory_gib * GIB) - self.trainer_state_bytes_per_gpu
+        """GPU memory a trainer GPU has left at its predicted peak (negative: it does not fit)."""
+        peak = self.trainer_peak_bytes_per_gpu
+        return None if peak is None else int(self.gpu_memory_gib * GIB) - peak
 
 
-def _engine_dtype(cfg: RunConfig) -> tuple[str, str | None]:
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype, None
-    device = cfg.model.device
-    on_gpu = device.startswith("cuda") or (
-        device == "auto" and cfg.runtime.backend == "ray" and cfg.cluster.engine_gpus > 0
-    )
-    dtype = "bfloat16" if on_gpu else "float32"
-    return dtype, f"model.dtype 'auto' taken as {dtype} (model.device {device!r})"
+def _auto_dtype(dtype: str, on_gpu: bool) -> str:
+    return dtype if dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+
+
+def _placement(cfg: RunConfig) -> tuple[bool, bool]:
+    """(engine on a GPU, trainer on a GPU), as the runtime places them ('auto' devices: the Ray backend's
+    GPU requests; the local runtime's ``model.device`` 'auto' is taken as the CPU, which `sao plan` cannot
+    probe)."""
+    if cfg.runtime.backend == "ray":
+        return cfg.cluster.engine_gpus > 0, cfg.cluster.trainer_gpus > 0
+    on_gpu = cfg.model.device.startswith("cuda")
+    return on_gpu, on_gpu
 
 
 def resource_plan(
@@ -302,10 +163,17 @@ def resource_plan(
         raise ValueError("gpu_memory_gib must be > 0 and engine_memory_fraction in (0, 1]")
     arch, source = model_architecture(cfg.model)
     notes: list[str] = []
-    dtype, dtype_note = _engine_dtype(cfg)
-    if dtype_note:
-        notes.append(dtype_note)
-    dtype_bytes = _DTYPE_BYTES[dtype]
+    engine_on_gpu, trainer_on_gpu = _placement(cfg)
+    dtype = _auto_dtype(cfg.engine.dtype, engine_on_gpu)
+    compute = _auto_dtype(cfg.model.dtype, trainer_on_gpu)
+    master = cfg.model.master_dtype
+    if cfg.engine.dtype == "auto":
+        where = "a GPU" if engine_on_gpu else "the CPU"
+        notes.append(f"engine.dtype 'auto' taken as {dtype} (engine on {where})")
+    checkpointing = cfg.model.gradient_checkpointing
+    if checkpointing is None:
+        checkpointing = trainer_on_gpu
+    dtype_bytes = DTYPE_BYTES[dtype]
 
     cluster, ray = cfg.cluster, cfg.runtime.backend == "ray"
     if ray:
@@ -314,7 +182,7 @@ def resource_plan(
         trainer_gpus, engine_gpus = workers * per_worker, replicas * per_replica
         total = trainer_gpus + engine_gpus
     else:
-        shared = 1.0 if cfg.model.device.startswith("cuda") else 0.0
+        shared = 1.0 if trainer_on_gpu else 0.0
         workers = replicas = 1
         per_worker = per_replica = trainer_gpus = engine_gpus = total = shared
 
@@ -331,22 +199,48 @@ def resource_plan(
         if budget <= 0:
             notes.append("the weights alone exceed an engine replica's memory: give it more GPUs")
 
-    frozen = (0, 0)
+    critic_params = critic_trainable = 0
     if cfg.algo.uses_critic:
         critic = critic_parameter_sizes(arch)
         is_frozen = _freeze_matcher(cfg.critic.freeze)
-        frozen_count = sum(s for n, s in critic.items() if is_frozen(n))
-        frozen = (sum(critic.values()), sum(critic.values()) - frozen_count)
-    critic_params, critic_trainable = frozen
-    state = params * _TRAINABLE_BYTES
-    state += critic_trainable * _TRAINABLE_BYTES + (critic_params - critic_trainable) * _FROZEN_BYTES
+        critic_params = sum(critic.values())
+        critic_trainable = critic_params - sum(s for n, s in critic.items() if is_frozen(n))
+    state = (params + critic_trainable) * state_bytes_per_parameter(master)
+    state += (critic_params - critic_trainable) * state_bytes_per_parameter(master, trainable=False)
     per_gpu = math.ceil(state / trainer_gpus) if trainer_gpus > 0 else None
-    if per_gpu is not None and per_gpu > gpu_memory_gib * GIB:
-        notes.append("the trainer state does not fit its GPUs: add trainer workers or GPUs")
-    if dtype != "float32":
+
+    tokens = max(cfg.trainer.micro_batch_tokens, cfg.data.max_total_tokens)
+    memory = None
+    # FSDP ranks with gradient_sync 'step' hold a full unsharded gradient when a rank gets more than one
+    # micro-batch: counted whenever the batch can make more than one per rank (the plan's worst case).
+    per_rank = cfg.trainer.batch_size / max(1, math.floor(trainer_gpus))
+    accumulate = ray and cfg.trainer.gradient_sync == "step" and per_rank * cfg.data.max_total_tokens > tokens
+    if trainer_gpus > 0:
+        engine_weights = engine_kv = 0
+        if not ray:  # the local engine shares the trainer's GPU
+            engine_weights = weight_bytes
+            if cfg.runtime.mode == "async":
+                engine_kv = local_engine_kv_bytes(
+                    arch, dtype, cfg.engine.max_concurrent, cfg.data.max_total_tokens
+                )
+        memory = trainer_memory(
+            arch, tokens, compute=compute, master=master, checkpointing=checkpointing,
+            world=max(1, math.floor(trainer_gpus)), sharded=ray, unsharded_gradient=accumulate,
+            critic_trainable=critic_trainable,
+            critic_frozen=critic_params - critic_trainable, engine_weights=engine_weights,
+            engine_kv=engine_kv,
+        )  # fmt: skip
+        if memory.peak > gpu_memory_gib * GIB:
+            fixes = "add trainer GPUs (state) or lower data.max_total_tokens / trainer.micro_batch_tokens"
+            if accumulate:
+                fixes += ", or set trainer.gradient_sync=micro_batch (no full unsharded gradient)"
+            if not checkpointing:
+                fixes += ", or turn on model.gradient_checkpointing"
+            notes.append(f"the trainer's predicted peak exceeds a GPU: {fixes} (activations)")
+    if master == "bfloat16":
         notes.append(
-            f"the trainer keeps weights, gradients and AdamW states in model.dtype ({dtype}, "
-            f"{4 * dtype_bytes} B per parameter); the trainer state above is the fp32 recipe (16 B)"
+            "model.master_dtype bfloat16: weights and AdamW states in bf16 (8 B per parameter); updates "
+            "below ~2^-8 of a weight round away (the paper's lr 1e-6 needs float32 master weights)"
         )
     return ResourcePlan(
         model=cfg.model.path or f"tiny {cfg.model.tiny_arch}/{cfg.model.tiny_size}",
@@ -374,8 +268,14 @@ def resource_plan(
         max_in_flight=cfg.runtime.max_in_flight,
         critic_params=critic_params,
         critic_trainable_params=critic_trainable,
+        compute_dtype=compute,
+        master_dtype=master,
+        gradient_checkpointing=checkpointing,
+        micro_batch_tokens=tokens,
+        unsharded_gradient=accumulate,
         trainer_state_bytes=state,
         trainer_state_bytes_per_gpu=per_gpu,
+        trainer_memory=memory,
         notes=tuple(notes),
     )
 
@@ -398,26 +298,12 @@ def _n(count: float, noun: str) -> str:
     return f"{count:g} {noun}" + ("" if count == 1 else "s")
 
 
-def resource_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
-    """The plan as (quantity, value, how it is computed) rows, in the order `format_resource_plan` shows."""
+def _engine_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
     a, gpu, dtype = plan.architecture, f"{plan.gpu_memory_gib:g} GiB", plan.engine_dtype
-    moe = f"{a.num_experts} experts, top-{a.experts_per_token}; " if a.num_experts else ""
-    head = "tied embeddings" if a.tie_word_embeddings else "embeddings and LM head"
-    layout = f"trainer {plan.trainer_gpus:g} + engines {plan.engine_gpus:g}"
-    if plan.runtime_backend == "local":
-        layout = "local runtime: trainer and engine share " + ("one GPU" if plan.total_gpus else "the CPU")
     kv = f"2 × {a.num_layers} layers × {a.num_kv_heads} KV heads × {a.head_dim} head dim × "
     rows = [
-        ("model", f"{plan.model} ({a.model_type})", plan.architecture_source),
-        ("parameters", f"{_count(plan.params_total)} total, {_count(plan.params_active)} active",
-         f"{moe}{head} included"),
-        ("GPUs", f"{plan.total_gpus:g}", layout),
-        ("trainer GPUs", f"{plan.trainer_gpus:g}",
-         f"{_n(plan.trainer_workers, 'worker')} × {_n(plan.gpus_per_trainer_worker, 'GPU')}"),
-        ("engine GPUs", f"{plan.engine_gpus:g}",
-         f"{_n(plan.engine_replicas, 'replica')} × {_n(plan.gpus_per_engine_replica, 'GPU')}"),
-        ("engine dtype", dtype, "model.dtype"),
-        ("KV cache per token", _bytes(plan.kv_bytes_per_token), kv + f"{_DTYPE_BYTES[dtype]} B"),
+        ("engine dtype", dtype, "engine.dtype; each push casts the trainer's weights to it"),
+        ("KV cache per token", _bytes(plan.kv_bytes_per_token), kv + f"{DTYPE_BYTES[dtype]} B"),
         ("KV per full sequence", _bytes(plan.kv_bytes_per_sequence),
          f"data.max_total_tokens = {plan.max_total_tokens:,} tokens"),
         ("weights per replica", _bytes(plan.weight_bytes), f"all parameters in {dtype}"),
@@ -432,18 +318,70 @@ def resource_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
         rows.append(("full sequences, all replicas", every, f"runtime.max_in_flight = {plan.max_in_flight}"))
     pushes = f"{plan.weight_sync}, to {_n(plan.engine_replicas, 'replica')} after every actor step"
     rows.append(("weight sync per push", _bytes(plan.weight_bytes), pushes))
+    return rows
+
+
+def _trainer_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
+    gpu, master = f"{plan.gpu_memory_gib:g} GiB", plan.master_dtype
+    m = DTYPE_BYTES[master]
     critic = "no critic"
     if plan.critic_params:
         critic = f"critic {_count(plan.critic_params)} ({_count(plan.critic_trainable_params)} trainable)"
-    state = f"actor {_count(plan.params_total)}, {critic}: 16 B per trainable parameter, 4 B frozen"
-    rows.append(("trainer state", _bytes(plan.trainer_state_bytes), state))
+    state = (f"actor {_count(plan.params_total)}, {critic}: {4 * m} B per trainable parameter ({master} "
+             f"weight, gradient, AdamW m and v), {m} B frozen")  # fmt: skip
+    precision = f"compute {plan.compute_dtype}, master {master}"
+    rows = [
+        ("trainer precision", precision, "model.dtype, model.master_dtype"),
+        ("trainer state", _bytes(plan.trainer_state_bytes), state),
+    ]
+    mem, peak = plan.trainer_memory, plan.trainer_peak_bytes_per_gpu
+    if plan.trainer_state_bytes_per_gpu is None or mem is None or peak is None:
+        return [*rows, ("trainer state per GPU", "–", "trainer on CPU")]
+    share = f"{_bytes(plan.trainer_state_bytes_per_gpu)} of {gpu}"
+    over = "one process" if plan.runtime_backend == "local" else f"FSDP over {plan.trainer_gpus:g} GPUs"
+    rows.append(("trainer state per GPU", share, over))
+    ckpt_on = plan.gradient_checkpointing
+    kept, working = activation_bytes_per_token(plan.architecture, plan.compute_dtype, ckpt_on)
+    ckpt = "on" if ckpt_on else "off"
+    activations = _bytes(mem.activations_kept + max(mem.activations_working, mem.lm_head_chunk))
+    how = (f"{plan.micro_batch_tokens:,} tokens (max of trainer.micro_batch_tokens, data.max_total_tokens);"
+           f" checkpointing {ckpt}: {kept:,} B/token kept + {working:,} B/token in backward's layer, or the"
+           f" LM head's chunk {_bytes(mem.lm_head_chunk)}")  # fmt: skip
+    rows.append(("activations per GPU", activations, how))
+    if mem.gathered:
+        units = f"FSDP units in {plan.compute_dtype}: root + 2 layers, and unsharded gradients"
+        if plan.unsharded_gradient:
+            units += "; a full unsharded gradient (trainer.gradient_sync: step, several micro-batches a rank)"
+        rows.append(("gathered parameters", _bytes(mem.gathered), units))
+    if mem.engine:
+        kv = f" + KV {_bytes(mem.engine_kv)} (async rollouts)" if mem.engine_kv else ""
+        weights = f"weights {_bytes(mem.engine_weights)}{kv}"
+        rows.append(("engine on the trainer GPU", _bytes(mem.engine), weights))
     left = plan.trainer_headroom_bytes
-    if plan.trainer_state_bytes_per_gpu is None or left is None:
-        rows.append(("trainer state per GPU", "–", "trainer on CPU"))
-    else:
-        share = f"{_bytes(plan.trainer_state_bytes_per_gpu)} of {gpu}"
-        verdict = f"{_bytes(left)} left for activations" if left > 0 else "DOES NOT FIT"
-        rows.append(("trainer state per GPU", share, f"FSDP over {plan.trainer_gpus:g} GPUs; {verdict}"))
+    verdict = f"{_bytes(left)} left" if left is not None and left > 0 else "DOES NOT FIT"
+    rows.append(("trainer peak per GPU", f"{_bytes(peak)} of {gpu}", f"sao.plan.memory; {verdict}"))
+    return rows
+
+
+def resource_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
+    """The plan as (quantity, value, how it is computed) rows, in the order `format_resource_plan` shows."""
+    a = plan.architecture
+    moe = f"{a.num_experts} experts, top-{a.experts_per_token}; " if a.num_experts else ""
+    head = "tied embeddings" if a.tie_word_embeddings else "embeddings and LM head"
+    layout = f"trainer {plan.trainer_gpus:g} + engines {plan.engine_gpus:g}"
+    if plan.runtime_backend == "local":
+        layout = "local runtime: trainer and engine share " + ("one GPU" if plan.total_gpus else "the CPU")
+    rows = [
+        ("model", f"{plan.model} ({a.model_type})", plan.architecture_source),
+        ("parameters", f"{_count(plan.params_total)} total, {_count(plan.params_active)} active",
+         f"{moe}{head} included"),
+        ("GPUs", f"{plan.total_gpus:g}", layout),
+        ("trainer GPUs", f"{plan.trainer_gpus:g}",
+         f"{_n(plan.trainer_workers, 'worker')} × {_n(plan.gpus_per_trainer_worker, 'GPU')}"),
+        ("engine GPUs", f"{plan.engine_gpus:g}",
+         f"{_n(plan.engine_replicas, 'replica')} × {_n(plan.gpus_per_engine_replica, 'GPU')}"),
+    ]  # fmt: skip
+    rows += _engine_rows(plan) + _trainer_rows(plan)
     return rows + [("note", "", note) for note in plan.notes]
 
 
