@@ -12,7 +12,7 @@ import copy
 import faulthandler
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -291,8 +291,13 @@ def _worker(rank: int, port: int, model_dir: Path, work: Path) -> None:
         }
         results["pretrain"] = _rank_pretrain(model_dir, corpus())
         results["lm_head"] = _rank_lm_head(batches["grouped"][0])
+        results.update(
+            sharded_loading=_rank_sharded_loading(work / "loading"),
+            pretrain_split=_rank_pretrain_split(model_dir),
+        )
         if rank == 0:
             torch.save(results, work / "ranks.pt")
+        dist.barrier()  # the ranks leave together: neither tears down its gloo threads while the other works
     finally:
         dist.destroy_process_group()
 
@@ -318,3 +323,223 @@ def run_ranks(model_dir: Path, work: Path, batches: dict[str, list[Batch]]) -> d
     torch.save(batches, work / "batches.pt")
     mp.start_processes(_worker, args=(free_port(), model_dir, work), nprocs=WORLD, start_method="spawn")
     return torch.load(work / "ranks.pt", weights_only=False)
+
+
+# ---- sharded loading and split value pretraining (test_sharded_loading.py) -------------------------------
+
+LOADING_CASES = [
+    (arch, tied, files)
+    for arch in ("qwen3", "qwen3_moe")
+    for tied in (False, True)
+    for files in ("single", "multi")
+]
+
+
+def loading_case(arch: str, tied: bool, files: str) -> str:
+    return f"{arch}-{'tied' if tied else 'untied'}-{files}"
+
+
+def write_loading_checkpoints(root: Path) -> None:
+    """The checkpoints the loading scenario reads: every `LOADING_CASES` case (float32; "multi": several
+    safetensors files and an index), one saved in bfloat16, a saved critic with a trained-looking head, and
+    three broken ones (a tensor missing, an unknown tensor, a tensor of the wrong shape)."""
+    from safetensors.torch import load_file, save_file
+
+    for arch, tied, files in LOADING_CASES:
+        cfg = tiny_config(arch, "test")  # type: ignore[arg-type]
+        cfg.tie_word_embeddings = tied
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(len(loading_case(arch, tied, files)))
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        shard = {"max_shard_size": "150KB"} if files == "multi" else {}
+        model.save_pretrained(root / loading_case(arch, tied, files), **shard)
+        if (arch, tied, files) == ("qwen3", True, "multi"):
+            model.to(torch.bfloat16).save_pretrained(root / "bf16", **shard)
+    source = root / loading_case("qwen3_moe", False, "single")
+    set_seed(3)
+    load_critic(source, freeze="none", dtype=torch.float32, device="cpu", head_init="normal").save_pretrained(
+        root / "critic"
+    )
+    state = load_file(source / "model.safetensors")
+    for name, change in {
+        "missing": lambda s: s.pop("model.norm.weight"),
+        "unknown": lambda s: s.update({"model.layers.9.mlp.gate.weight": torch.zeros(4, 64)}),
+        "shape": lambda s: s.update({"model.norm.weight": torch.zeros(65)}),
+    }.items():
+        broken = dict(state)
+        change(broken)
+        (root / name).mkdir()
+        (root / name / "config.json").write_bytes((source / "config.json").read_bytes())
+        save_file(broken, root / name / "model.safetensors")
+
+
+def _rank_sharded_loading(root: Path) -> dict[str, Any]:
+    """Sharded loads next to today's path (full load, then `shard_model`): full state dicts and buffers of
+    both, for every case; critics (new heads, a saved one); bfloat16; the errors of broken checkpoints."""
+    from sao.models.critic import CriticModel
+    from sao.models.sharded_loading import load_sharded_critic, load_sharded_policy
+    from sao.models.sharding import full_state_dict, shard_model
+
+    if dist.get_rank() == 0:
+        write_loading_checkpoints(root)
+    dist.barrier()
+
+    def both(model: torch.nn.Module) -> dict[str, Any]:
+        inner = model.model if isinstance(model, CriticModel) else model
+        return {"state": full_state_dict(model), "buffers": {k: v.clone() for k, v in inner.named_buffers()},
+                "training": model.training}  # fmt: skip
+
+    out: dict[str, Any] = {}
+    seen: list[tuple[bool, str]] = []
+
+    def prepare(model: torch.nn.Module) -> None:  # what it sees: not yet sharded, not yet allocated
+        param = next(model.parameters())
+        seen.append((hasattr(param, "full_tensor"), param.device.type))
+
+    cases = [(loading_case(*c), torch.float32) for c in LOADING_CASES]
+    cases += [("bf16", torch.float32), ("bf16", torch.bfloat16), (loading_case("qwen3_moe", True, "multi"),
+              torch.float64)]  # fmt: skip
+    for name, dtype in cases:
+        sharded = load_sharded_policy(root / name, device="cpu", master_dtype=dtype, prepare=prepare)
+        full = shard_model(enable_packed_attention(load_policy(root / name, dtype=dtype, device="cpu")))
+        out[(name, dtype)] = {
+            "sharded": both(sharded),
+            "full": both(full),
+            "tied": sharded.lm_head.weight is sharded.model.embed_tokens.weight,
+            "attention": sharded.config._attn_implementation,
+            "local_rows": sharded.model.embed_tokens.weight.to_local().shape[0],
+        }
+    critic_source = root / loading_case("qwen3_moe", False, "single")
+    heads: list[tuple[Path, Literal["zero", "normal"]]] = [
+        (critic_source, "zero"), (critic_source, "normal"), (root / "critic", "zero")
+    ]  # fmt: skip
+    for source, head_init in heads:
+        set_seed(5)
+        sharded = load_sharded_critic(source, device="cpu", head_init=head_init, prepare=prepare)
+        set_seed(5)
+        full = load_critic(source, freeze="none", dtype=torch.float32, device="cpu", head_init=head_init)
+        shard_model(full)
+        out[("critic", source.name, head_init)] = {"sharded": both(sharded), "full": both(full)}
+    out["prepare"] = seen
+    errors = {}
+    for name in ("missing", "unknown", "shape"):
+        try:
+            load_sharded_policy(root / name, device="cpu")
+        except ValueError as err:
+            errors[name] = str(err)
+    out["errors"] = errors
+    out["reads"] = _read_accounting(root / loading_case("qwen3_moe", False, "multi"))
+    return out
+
+
+READ_BLOCK_BYTES = 1024  # the block size of the read-accounting load (larger than any row of the tiny models)
+
+
+def _read_accounting(path: Path) -> dict[str, Any]:
+    """A sharded load of ``path`` in blocks of `READ_BLOCK_BYTES`, every tensor read from its safetensors
+    file recorded (the real ``safe_open``, observed): this rank's reads and its shards' bytes, and every
+    rank's read total."""
+    import contextlib
+
+    from safetensors import safe_open
+
+    from sao.models import sharded_loading
+
+    reads: list[int] = []
+
+    class Slice:  # a tensor's lazy view: records the bytes of every slice read through it
+        def __init__(self, view: Any) -> None:
+            self.view = view
+
+        def __getitem__(self, index: Any) -> torch.Tensor:
+            tensor = self.view[index]
+            reads.append(tensor.nbytes)
+            return tensor
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.view, name)
+
+    class Handle:
+        def __init__(self, handle: Any) -> None:
+            self.handle = handle
+
+        def get_slice(self, name: str) -> Slice:
+            return Slice(self.handle.get_slice(name))
+
+        def get_tensor(self, name: str) -> torch.Tensor:
+            tensor = self.handle.get_tensor(name)
+            reads.append(tensor.nbytes)
+            return tensor
+
+        def keys(self) -> list[str]:
+            return self.handle.keys()
+
+    @contextlib.contextmanager
+    def observed_open(file: Any, framework: str) -> Any:
+        with safe_open(file, framework=framework) as handle:
+            yield Handle(handle)
+
+    block = sharded_loading._BLOCK_BYTES
+    sharded_loading.safe_open, sharded_loading._BLOCK_BYTES = observed_open, READ_BLOCK_BYTES
+    try:
+        model = sharded_loading.load_sharded_policy(path, device="cpu", master_dtype=torch.float32)
+    finally:
+        sharded_loading.safe_open, sharded_loading._BLOCK_BYTES = safe_open, block
+    shards = sum(p.to_local().nbytes for p in model.parameters())  # float32 in memory and on disk
+    totals: list[Any] = [None] * WORLD
+    dist.all_gather_object(totals, sum(reads))
+    return {"largest": max(reads), "read": sum(reads), "shards": shards, "every_rank": totals}
+
+
+PRETRAIN_SPLIT = ValuePretrainOptions(
+    max_steps=12, batch_size=5, micro_batch_tokens=MICRO_BATCH_TOKENS, eval_frac=0.3, eval_every=2,
+    ev_patience=2, ev_min_delta=0.2, lr=1e-3,
+)  # fmt: skip  # patience 2 with a large min delta: stops early, after a few evaluations
+
+
+def pretrain_split_corpus() -> list[Trajectory]:
+    """Uneven lengths (ranks get different micro-batch counts), held-out batches of 5 and 1."""
+    return trajectories(
+        [24, 12, 30, 9, 17, 20, 14, 26, 33, 8, 19, 10, 27, 15, 22, 11, 29, 13, 18, 25], 17, False
+    )
+
+
+def count_tokens(critic: torch.nn.Module) -> tuple[list[int], Any]:
+    """``([n], handle)``: n counts the tokens of every forward of ``critic`` until ``handle.remove()``."""
+    tokens = [0]
+
+    def count(_: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        tokens[0] += args[0].numel()
+
+    return tokens, critic.register_forward_pre_hook(count)
+
+
+def reference_pretrain_split(model_dir: Path) -> dict[str, Any]:
+    import dataclasses
+
+    _, critic = plain_models(model_dir, "sao")
+    assert critic is not None
+    tokens, hook = count_tokens(critic)
+    result = pretrain_value(critic, pretrain_split_corpus(), PRETRAIN_SPLIT)
+    hook.remove()
+    return {"critic": cpu_state(critic), "result": dataclasses.asdict(result), "tokens": tokens[0]}
+
+
+def _rank_pretrain_split(model_dir: Path) -> dict[str, Any]:
+    """`RankTrainer.pretrain_value` with early stopping; the tokens each rank's critic forwarded."""
+    import dataclasses
+
+    from sao.models.sharding import full_state_dict
+    from sao.train.rank import RankTrainer
+
+    cfg = config("sao")
+    trainer = RankTrainer(model_dir, None, cfg.algo, cfg.critic, cfg.trainer, dtype=DTYPE, device="cpu",
+                          head_init="normal")  # fmt: skip
+    eager_experts(trainer.actor, trainer.critic)
+    assert trainer.critic is not None
+    tokens, hook = count_tokens(trainer.critic)
+    result = trainer.pretrain_value(pretrain_split_corpus(), PRETRAIN_SPLIT)
+    hook.remove()
+    gathered: list[Any] = [None] * WORLD
+    dist.all_gather_object(gathered, {"result": dataclasses.asdict(result), "tokens": tokens[0]})
+    return {"critic": full_state_dict(trainer.critic), "ranks": gathered}

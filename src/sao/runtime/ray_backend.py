@@ -27,7 +27,7 @@ from .ray_cluster import RayCluster, actor_threads
 from .ray_engine import RemoteEngine, logging_settings, replica_class
 from .ray_server import launch_server_replica
 from .trainer_group import TrainerGroup, TrainerGroupArgs
-from .weight_sync import WeightSync, make_weight_sync
+from .weight_sync import WeightSync, make_weight_sync, push_dtype
 
 __all__ = ["RayParts", "replica_starter"]
 
@@ -59,10 +59,11 @@ class RayParts:
         cluster = await asyncio.to_thread(RayCluster.open, cluster_cfg)
         pool: EnginePool | None = None
         try:
+            pushed = push_dtype(engine.backend, engine.dtype, engine.device)  # what the engines hold
             group_args = TrainerGroupArgs(
                 actor_dir=str(actor_dir), critic_dir=str(critic_dir) if critic_dir else None, trainer=trainer,
-                dtype=engine.dtype, device=engine.device, threads=actor_threads(cluster_cfg.trainer_cpus),
-                head_init=critic.head_init,
+                compute=critic.compute, threads=actor_threads(cluster_cfg.trainer_cpus),
+                head_init=critic.head_init, push_dtype=pushed,
             )  # fmt: skip
             group = await asyncio.to_thread(TrainerGroup.create, cluster, group_args)
 

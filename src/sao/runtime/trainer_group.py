@@ -25,20 +25,27 @@ from typing import Any
 
 from sao.types import Batch
 
+from .args import ComputeArgs
+
 __all__ = ["TrainerGroup", "TrainerGroupArgs", "TrainerRankActor"]
 
 
 @dataclass(frozen=True)
 class TrainerGroupArgs:
-    """What each rank builds its trainer from (the trainer factory's sections plus the model source)."""
+    """What each rank builds its trainer from (the trainer factory's sections plus the model source).
+
+    ``compute``: how the ranks hold and compute the actor and the critic (`ComputeArgs`: compute and master
+    dtypes, device, attention kernel, activation checkpointing), the trainer's, not the engine's.
+    ``push_dtype``: the engines' weight dtype (`sao.runtime.weight_sync.push_dtype`), which rank 0 casts the
+    full weights to before they leave it (object store, broadcast, update directory); None: as held."""
 
     actor_dir: str
     critic_dir: str | None
     trainer: Any  # TrainerArgs: algo, critic, optim, temperature
-    dtype: str
-    device: str
+    compute: ComputeArgs
     threads: int
     head_init: str
+    push_dtype: Any = None  # torch.dtype | None
 
 
 class TrainerRankActor:
@@ -56,6 +63,7 @@ class TrainerRankActor:
         self.rank, self.world_size = rank, world_size
         self.trainer: Any = None
         self._sync: Any = None
+        self._push_dtype: Any = None
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0: the address and a free port of its node for the process group."""
@@ -66,12 +74,17 @@ class TrainerRankActor:
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, host: str, port: int, args: TrainerGroupArgs) -> dict[str, Any]:
+        import functools
+
         import torch
         import torch.distributed as dist
 
+        from sao.models.prepare import prepare_for_training
         from sao.train.rank import RankTrainer
 
-        backend = "nccl" if torch.cuda.is_available() and args.device != "cpu" else "gloo"
+        compute = args.compute
+        self._push_dtype = args.push_dtype
+        backend = "nccl" if torch.cuda.is_available() and compute.device != "cpu" else "gloo"
         if backend == "nccl":
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this rank's GPU
         dist.init_process_group(
@@ -80,8 +93,9 @@ class TrainerRankActor:
         t = args.trainer
         self.trainer = RankTrainer(
             args.actor_dir, args.critic_dir, t.algo, t.critic, t.optim,
-            temperature=t.temperature, dtype=args.dtype, device=args.device, head_init=args.head_init,
-            seed=t.optim.seed,
+            temperature=t.temperature, dtype=compute.dtype, master_dtype=compute.master_dtype,
+            device=compute.device, head_init=args.head_init, seed=t.optim.seed,
+            prepare=functools.partial(prepare_for_training, compute=compute),
         )  # fmt: skip
         return {"rank": self.rank, "pid": os.getpid(), "backend": backend}
 
@@ -105,9 +119,17 @@ class TrainerRankActor:
     def pretrain_value(self, corpus: list[Any], options: Any) -> Any:
         return self.trainer.pretrain_value(corpus, options)
 
+    def _pushed_state(self) -> Any:
+        """Every rank gathers; rank 0 gets the full actor state in the engines' dtype, the others None."""
+        from sao.engine.weights import cast_state_dict
+
+        state = self.trainer.full_actor_state()
+        return None if state is None else cast_state_dict(state, self._push_dtype)
+
     def full_state(self) -> Any:
-        """Every rank gathers; rank 0 returns the full actor state dict (CPU), the others None."""
-        return self.trainer.full_actor_state()
+        """Every rank gathers; rank 0 returns the full actor state dict (CPU, in the engines' dtype), the
+        others None."""
+        return self._pushed_state()
 
     def checksum(self) -> dict[str, float] | None:
         from .ray_engine import state_checksum
@@ -125,7 +147,7 @@ class TrainerRankActor:
         """All ranks gather the full weights; rank 0 sends them over the weight group."""
         from sao.engine.weight_broadcast import WeightSender
 
-        state = self.trainer.full_actor_state()
+        state = self._pushed_state()
         if self.rank == 0:
             if self._sync is None:
                 raise RuntimeError("broadcast before join_sync_group")
@@ -141,7 +163,7 @@ class TrainerRankActor:
         (engine names, experts unfused, ``config.json`` beside them; `write_update_dir`)."""
         from sao.engine.weights import write_update_dir
 
-        state = self.trainer.full_actor_state()
+        state = self._pushed_state()
         if self.rank != 0:
             return None
         return str(write_update_dir(state, directory, config_from=config_from))
@@ -256,7 +278,8 @@ class TrainerGroup:
     # ---- weights, checkpoints -------------------------------------------------------------------------
 
     def pretrain_value(self, corpus: list[Any], options: Any) -> Any:
-        """Value pretraining on every rank with the whole corpus (the same update as one process)."""
+        """Value pretraining on the sharded critic, each rank forwarding its share of every batch (the
+        same update, EV curve and stop as one process; `RankTrainer.pretrain_value`)."""
         return self._all("pretrain_value", corpus, options)[0]
 
     def full_state_ref(self) -> Any:

@@ -1,10 +1,11 @@
 """`RankTrainer`: what one FSDP trainer rank runs, in a torch.distributed world that is already initialised.
 
-Each rank loads the actor (and critic) as the one-process runtime does, shards them (`shard_model`), and
-wraps them in the real `Trainer` with a `ProcessGroupCollective`, so a step is the single-process update
-(`sao.train.step`, "Sharded"). The methods that touch the models (`train_step`, `full_actor_state`, `save`,
-`load`, `pretrain_value`) are collectives: every rank calls them in the same order, with the same arguments
-except ``indices``.
+Each rank builds the actor, then the critic, straight into its FSDP2 shards (`load_sharded_policy`,
+`load_sharded_critic`: the same weights as the one-process runtime's, but no rank ever holds a whole model),
+and wraps them in the real `Trainer` with a `ProcessGroupCollective`, so a step is the single-process update
+(`sao.train.step`, "Sharded"); value pretraining splits its corpus across the ranks the same way. The
+methods that touch the models (`train_step`, `full_actor_state`, `save`, `load`, `pretrain_value`) are
+collectives: every rank calls them in the same order, with the same arguments except ``indices``.
 
 Owns: the rank's models and trainer. Does not own: the process group (its creator initialises and destroys
 it), the assignment of trajectories to ranks (`sao.train.split.shard_indices`, the driver's), the trainer
@@ -25,11 +26,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from sao.config import AlgoConfig, CriticConfig, TrainerConfig
-from sao.models.attention import enable_packed_attention
-from sao.models.critic import CriticModel, load_critic
+from sao.models.critic import CriticModel
 from sao.models.freezing import apply_freeze
-from sao.models.loading import load_policy
-from sao.models.sharding import full_state_dict, set_gradient_reduction, shard_model
+from sao.models.loading import resolve_device, resolve_dtype
+from sao.models.precision import Precision, fsdp_policy
+from sao.models.sharded_loading import Prepare, load_sharded_critic, load_sharded_policy
+from sao.models.sharding import full_state_dict
 from sao.types import Batch, Trajectory
 
 from .collective import ProcessGroupCollective
@@ -48,10 +50,17 @@ class RankTrainer:
         actor_dir: the policy checkpoint. critic_dir: a saved critic, or None for a new one from
             ``actor_dir`` (a new value head; ``head_init`` as `load_critic`); ignored by critic-free presets.
         algo, critic_cfg, optim, temperature: as `Trainer`.
-        dtype, device: as `load_policy` (``device="cuda"``: the current CUDA device).
+        dtype: the compute dtype of forward and backward (`resolve_dtype`: ``"auto"`` is bfloat16 on CUDA,
+            float32 on the CPU). master_dtype: the weights' dtype (and so the gradients', their reduction's
+            and AdamW's); None: ``dtype`` (one dtype throughout). When they differ and ``mp_policy`` is
+            None, FSDP computes in ``dtype`` and reduces gradients in float32
+            (`sao.models.precision.fsdp_policy`).
+        device: as `resolve_device` (``"cuda"``: the current CUDA device).
         head_init: a new critic head's initialisation. seed: seeds the generators before loading, so a
             randomly initialised head is the same on every rank.
         mesh, mp_policy: as `shard_model`.
+        prepare: called on each model (the critic's inner HF model) before it is sharded: activation
+            checkpointing, the attention kernel. None: packed sdpa attention only (what the loaders set).
     """
 
     def __init__(
@@ -64,22 +73,34 @@ class RankTrainer:
         *,
         temperature: float = 1.0,
         dtype: str | torch.dtype = "auto",
+        master_dtype: str | torch.dtype | None = None,
         device: str | torch.device = "auto",
         head_init: Literal["zero", "normal"] = "zero",
         seed: int = 0,
         mesh: DeviceMesh | None = None,
         mp_policy: MixedPrecisionPolicy | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("RankTrainer needs torch.distributed to be initialised")
+        target = resolve_device(device)
+        compute = resolve_dtype(dtype, target)
+        precision = Precision.resolve(compute, compute if master_dtype is None else master_dtype, target)
+        master = precision.master
+        if mp_policy is None:
+            mp_policy = fsdp_policy(precision)
         set_seed(seed)
-        actor = enable_packed_attention(load_policy(actor_dir, dtype=dtype, device=device))
-        critic: CriticModel | None = None
+        # The actor is sharded before the critic exists: a rank never holds more than its shards of both.
+        self.actor = load_sharded_policy(
+            actor_dir, mesh=mesh, mp_policy=mp_policy, device=target, master_dtype=master, prepare=prepare
+        )
+        self.critic: CriticModel | None = None
         if algo.uses_critic:
             source = critic_dir if critic_dir is not None else actor_dir
-            critic = load_critic(source, freeze="none", dtype=dtype, device=device, head_init=head_init)
-        self.actor = shard_model(actor, mesh=mesh, mp_policy=mp_policy)
-        self.critic = shard_model(critic, mesh=mesh, mp_policy=mp_policy) if critic is not None else None
+            self.critic = load_sharded_critic(
+                source, mesh=mesh, mp_policy=mp_policy, device=target, master_dtype=master,
+                head_init=head_init, prepare=prepare,
+            )  # fmt: skip
         self.collective = ProcessGroupCollective()
         self.trainer = Trainer(
             self.actor,
@@ -89,6 +110,7 @@ class RankTrainer:
             optim,
             temperature=temperature,
             collective=self.collective,
+            gradient_sync=optim.gradient_sync,  # one reduce-scatter per step or per micro-batch
         )
 
     @property
@@ -133,21 +155,20 @@ class RankTrainer:
         load_sharded(directory, self.actor, self.critic, t.actor_optim, t.critic_optim)
 
     def pretrain_value(self, corpus: list[Trajectory], options: ValuePretrainOptions) -> ValuePretrainResult:
-        """`sao.train.value_pretrain.pretrain_value` on the sharded critic, every rank with the whole corpus.
+        """`sao.train.value_pretrain.pretrain_value` on the sharded critic, the corpus split across the ranks.
 
-        Every rank computes the whole gradient, so the gradients are averaged for the duration (FSDP's mean
-        of equal gradients is the single-process one). As in the one-process runtime, pretraining trains
-        every critic parameter; the RL freezing (``critic.freeze``) is re-applied afterwards."""
+        Every rank gets the whole corpus (the same on every rank) and trains on its share of each batch,
+        with gradients summed over the ranks: the single-process update, and the same EV curve and
+        stopping decision on every rank. As in the one-process runtime, pretraining trains every critic
+        parameter; the RL freezing (``critic.freeze``) is re-applied afterwards."""
         if self.critic is None:
             raise ValueError("value pretraining needs a critic; this preset has none")
         inner = self.critic.model
         apply_freeze(inner, "none")
-        set_gradient_reduction(self.critic, "mean")
         try:
             console = Console(stderr=True, quiet=self.rank != 0)
-            return pretrain_value(self.critic, corpus, options, None, console)
+            return pretrain_value(self.critic, corpus, options, None, console, collective=self.collective)
         finally:
-            set_gradient_reduction(self.critic, "sum")
             apply_freeze(inner, self.trainer.critic_cfg.freeze)
             for param in self.critic.parameters():  # pretraining's last gradients: no use to RL
                 param.grad = None

@@ -5,6 +5,13 @@ returns on action tokens (skip-observation GAE with λ = 1: the discounted rewar
 tokens). Training stops at ``max_steps`` or when the held-out explained variance has not improved by
 ``ev_min_delta`` for ``ev_patience`` evaluations. The paper's cold-start fix is a *larger* corpus, so the
 corpus size is an explicit option and is logged with the step count, value loss and the EV curve.
+
+Sharded (FSDP) critics: with a `Collective` over W ranks, every rank holds the whole corpus and draws the
+same batches, then forwards and backwards only its share of each batch (whole trajectories, token-balanced
+by `shard_indices`, as many micro-batches on every rank: `StepShard`). Losses are normalised by the whole
+batch's action tokens and gradients are summed over the ranks (`shard_model`'s reduction), so the update is
+the single-process one. The held-out values are gathered back into whole-batch order, so the explained
+variance, and with it early stopping, is the same on every rank.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from sao.algos import explained_variance, skip_observation_gae, value_loss
 from sao.sinks import JsonlMetricsSink
 from sao.types import Batch, Trajectory, load_jsonl
 
-from .common import atomic_dir, batches_forever, set_seed, split_eval
+from .collective import Collective, LocalCollective
+from .common import atomic_dir, batches_forever, ready_for_training, set_seed, split_eval
+from .split import shard_indices
+from .step_shard import StepShard
 
 __all__ = [
     "ValuePretrainOptions",
@@ -51,8 +61,11 @@ class ValuePretrainOptions:
     freeze: str | list[str] = "none"  # our reading: the whole critic trains before RL; RL freezes attention
     grad_clip: float = 1.0
     seed: int = 0
-    dtype: str = "auto"
+    dtype: str = "auto"  # compute dtype of forward and backward (auto: bfloat16 on CUDA, float32 elsewhere)
+    master_dtype: str = "float32"  # weights, gradients and AdamW state
     device: str = "auto"
+    attn_implementation: str = "sdpa"
+    gradient_checkpointing: bool | None = None  # None: on with CUDA
 
 
 @dataclass
@@ -73,28 +86,42 @@ def mc_returns(batch: Batch, gamma: float = 1.0) -> torch.Tensor:
     ]
 
 
-def _values_and_targets(critic: Any, batch: Batch, opts: ValuePretrainOptions) -> list[tuple[Any, ...]]:
+def _rank_share(batch: Batch, opts: ValuePretrainOptions, collective: Collective) -> StepShard:
+    """This rank's micro-batches of ``batch`` (on the critic's device): all of them in one process; with
+    W ranks its token-balanced share of whole trajectories, padded to the same micro-batch count on every
+    rank. Value pretraining has no groups, so trajectories are balanced one by one."""
+    indices = None
+    if collective.world_size > 1:
+        lengths = batch.seq_lengths.tolist()
+        indices = shard_indices([None] * len(lengths), lengths, collective.world_size)[collective.rank]
+    return StepShard.build(batch, indices, opts.micro_batch_tokens, collective)
+
+
+def _grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip in place; the total norm before clipping, over every rank's shards for a sharded critic."""
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    full_tensor = getattr(norm, "full_tensor", None)  # FSDP's norm: a replicated DTensor
+    return float(full_tensor() if full_tensor is not None else norm)
+
+
+def _evaluate(
+    critic: Any, trajs: list[Trajectory], opts: ValuePretrainOptions, collective: Collective
+) -> float:
+    """Explained variance of the critic's values against MC returns on ``trajs`` (the whole held-out set
+    on every rank; each rank forwards its share)."""
     from sao.models.forward import token_values
 
     device = next(critic.parameters()).device
-    parts = []
-    for mb in batch.split(opts.micro_batch_tokens):
-        mb = mb.to(device)
-        parts.append((token_values(critic, mb), mc_returns(mb, opts.gamma), mb.action_mask))
-    return parts
-
-
-def _evaluate(critic: Any, trajs: list[Trajectory], opts: ValuePretrainOptions) -> float:
     critic.eval()
     values, returns, masks = [], [], []
     with torch.no_grad():
         for start in range(0, len(trajs), opts.batch_size):
-            for v, r, m in _values_and_targets(
-                critic, Batch.from_trajectories(trajs[start : start + opts.batch_size]), opts
-            ):
-                values.append(v.float())
-                returns.append(r.float())
-                masks.append(m)
+            batch = Batch.from_trajectories(trajs[start : start + opts.batch_size]).to(device)
+            share = _rank_share(batch, opts, collective)
+            local = torch.cat([token_values(critic, part).float() for part in share.parts])
+            values.append(share.gather(local))
+            returns.append(mc_returns(batch, opts.gamma).float())
+            masks.append(batch.action_mask)
     critic.train()
     return explained_variance(torch.cat(values), torch.cat(returns), torch.cat(masks))
 
@@ -105,11 +132,19 @@ def pretrain_value(
     opts: ValuePretrainOptions,
     sink: JsonlMetricsSink | None = None,
     console: Console | None = None,
+    *,
+    collective: Collective | None = None,
 ) -> ValuePretrainResult:
-    """Train ``critic`` in place on MC returns of ``trajectories`` (already limited to the corpus size)."""
+    """Train ``critic`` in place on MC returns of ``trajectories`` (already limited to the corpus size).
+
+    ``collective``: the ranks of a sharded critic (module docstring; every rank calls this with the same
+    corpus and options); default one process. The result is the same on every rank."""
+    from sao.models.forward import token_values
     from sao.models.freezing import trainable_parameters
 
+    collective = collective if collective is not None else LocalCollective()
     console = console or Console(stderr=True)
+    device = next(critic.parameters()).device
     train, held_out = split_eval(trajectories, opts.eval_frac, opts.seed)
     held_out = held_out or train  # tiny corpora: evaluate on the training set rather than not at all
     params = trainable_parameters(critic)
@@ -127,15 +162,20 @@ def pretrain_value(
     with Progress(*columns, console=console) as bar:
         task = bar.add_task("pretrain", total=opts.max_steps, loss=float("nan"), ev=float("nan"))
         for step in range(1, opts.max_steps + 1):
-            batch = Batch.from_trajectories(next(batches))
-            n_action = max(int(batch.action_mask.sum()), 1)
+            batch = Batch.from_trajectories(next(batches)).to(device)
+            n_action = max(int(batch.action_mask.sum()), 1)  # the whole batch's: the ranks' losses add up
             optim.zero_grad(set_to_none=True)
             loss_value = 0.0
-            for values, returns, mask in _values_and_targets(critic, batch, opts):
-                loss, _ = value_loss(values, returns, mask, denominator=n_action)
+            for part in _rank_share(batch, opts, collective).parts:
+                returns = mc_returns(part, opts.gamma)
+                values = token_values(critic, part)
+                loss, _ = value_loss(
+                    values, returns, part.action_mask, denominator=n_action, with_metrics=False
+                )
                 loss.backward()
                 loss_value += float(loss.detach())
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, opts.grad_clip))
+            loss_value = collective.sum(loss_value)
+            grad_norm = _grad_norm(params, opts.grad_clip)
             optim.step()
             result.steps, result.final_value_loss = step, loss_value
             metrics: dict[str, Any] = {
@@ -144,7 +184,7 @@ def pretrain_value(
                 "value_pretrain/corpus_size": len(trajectories),
             }
             if step % opts.eval_every == 0 or step == opts.max_steps:
-                ev = _evaluate(critic, held_out, opts)
+                ev = _evaluate(critic, held_out, opts, collective)
                 metrics["value_pretrain/explained_variance"] = ev
                 result.ev_curve.append((step, ev))
                 if ev > best + opts.ev_min_delta:
@@ -182,7 +222,8 @@ def run_value_pretrain(
         console.print(
             f"value pretrain: corpus has {len(corpus)} trajectories (< corpus_size {opts.corpus_size})"
         )
-    critic = load_critic(policy_dir, freeze=opts.freeze, dtype=opts.dtype, device=opts.device)
+    critic = load_critic(policy_dir, freeze=opts.freeze, dtype=opts.master_dtype, device=opts.device)
+    ready_for_training(critic, opts)
     report = critic.freeze_report
     console.print(
         f"value pretrain: {len(corpus)} trajectories, up to {opts.max_steps} steps; critic parameters "
