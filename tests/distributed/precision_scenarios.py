@@ -32,7 +32,9 @@ from sao.runtime.args import ComputeArgs
 from sao.train.common import set_seed
 from sao.train.split import shard_indices
 from sao.train.step import Trainer
-from sao.types import Batch, Trajectory
+from sao.types import Batch
+
+from .fsdp_scenarios import trajectories
 
 WORLD = 2
 MICRO_BATCH_TOKENS = 40
@@ -52,36 +54,13 @@ def config() -> Any:
     )  # fmt: skip
 
 
-def _trajectories(lengths: list[int], seed: int) -> list[Trajectory]:
-    """Two-turn trajectories in groups of two: prompt(4) + action + observation(3) + action."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i, n in enumerate(lengths):
-        first = (n - 7) // 2
-        action = [0] * 4 + [1] * first + [0] * 3 + [1] * (n - 7 - first)
-        out.append(
-            Trajectory(
-                prompt_id=f"p{i // 2}",
-                token_ids=torch.randint(3, 250, (n,), generator=gen).tolist(),
-                action_mask=action,
-                rollout_logprobs=[0.0] * n,
-                versions=[0 if a else -1 for a in action],
-                turn_ids=[-1] * 4 + [0] * (first + 3) + [1] * (n - 7 - first),
-                rewards=[float(torch.rand((), generator=gen) < 0.5)],
-                group_id=f"g{seed}-{i // 2}",
-                traj_id=f"t{seed}-{i}",
-            )
-        )
-    return out
-
-
 def make_batches(model_dir: Path) -> list[Batch]:
     """The steps' batches, rollout log-probs from the initial float32 actor (on-policy)."""
     actor = load_policy(model_dir, dtype="float32", device="cpu")
     prepare_for_training(actor, COMPUTE)
     out = []
     for seed, lengths in enumerate(LENGTHS):
-        batch = Batch.from_trajectories(_trajectories(lengths, seed))
+        batch = Batch.from_trajectories(trajectories(lengths, seed, grouped=True))
         with torch.no_grad():
             lp, _ = token_logprobs(actor, batch)
         batch.rollout_logprobs = torch.where(batch.action_mask, lp, torch.zeros_like(lp))

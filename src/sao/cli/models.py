@@ -8,6 +8,12 @@ import typer
 
 from sao.cli.common import _fail, _quiet_transformers, app
 
+# The trainer's precision, as the run config's model.dtype / model.master_dtype (sao.models.precision).
+ComputeDtype = Annotated[
+    str, typer.Option(help="Compute dtype: auto (bfloat16 on CUDA, float32 else), float32, bfloat16.")
+]
+MasterDtype = Annotated[str, typer.Option(help="Weights, gradients and AdamW state: float32 or bfloat16.")]
+
 
 @app.command("init-model")
 def init_model_command(
@@ -76,12 +82,8 @@ def sft_command(
     eval_every: Annotated[int, typer.Option(help="Steps between eval losses.")] = 25,
     seed: Annotated[int, typer.Option(help="Data order and split seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    dtype: Annotated[
-        str, typer.Option(help="Compute dtype: auto (bfloat16 on CUDA, float32 else), float32, bfloat16.")
-    ] = "auto",
-    master_dtype: Annotated[
-        str, typer.Option(help="Weights, gradients and AdamW state: float32 or bfloat16.")
-    ] = "float32",
+    dtype: ComputeDtype = "auto",
+    master_dtype: MasterDtype = "float32",
     gradient_checkpointing: Annotated[
         bool | None,
         typer.Option("--gradient-checkpointing/--no-gradient-checkpointing", help="Default: on with CUDA."),
@@ -140,12 +142,8 @@ def pretrain_value_command(
     gamma: Annotated[float, typer.Option(help="Discount of the Monte-Carlo returns.")] = 1.0,
     seed: Annotated[int, typer.Option(help="Sampling and split seed.")] = 0,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:N.")] = "auto",
-    dtype: Annotated[
-        str, typer.Option(help="Compute dtype: auto (bfloat16 on CUDA, float32 else), float32, bfloat16.")
-    ] = "auto",
-    master_dtype: Annotated[
-        str, typer.Option(help="Weights, gradients and AdamW state: float32 or bfloat16.")
-    ] = "float32",
+    dtype: ComputeDtype = "auto",
+    master_dtype: MasterDtype = "float32",
 ) -> None:
     """Pretrain the critic on Monte-Carlo returns of the initial policy (the paper's cold-start fix)."""
     from sao.train.value_pretrain import ValuePretrainOptions, run_value_pretrain

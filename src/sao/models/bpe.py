@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import PreTrainedTokenizerFast
 
-from sao.models.tokenizer import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
+from sao.models.tokenizer import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, add_qwen_tokens
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -271,7 +271,7 @@ def training_corpus() -> list[str]:
 def train_bpe() -> Tokenizer:
     """Train the BPE on `training_corpus` and add the `SPECIAL_TOKENS` after the learned vocabulary; the
     ``tokenizers.Tokenizer`` (not cached: each call trains anew)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.Sequence(
@@ -289,12 +289,7 @@ def train_bpe() -> Tokenizer:
         special_tokens=[],
     )
     backend.train_from_iterator(training_corpus(), trainer=trainer)
-    for content, special in SPECIAL_TOKENS:
-        token = AddedToken(content, special=special, normalized=False)
-        if special:
-            backend.add_special_tokens([token])
-        else:
-            backend.add_tokens([token])
+    add_qwen_tokens(backend)
     return backend
 
 

@@ -26,7 +26,7 @@ shipped ``qwen3`` one that strips earlier reasoning and merges tool results.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from transformers import PreTrainedTokenizerFast
 
@@ -36,6 +36,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "TOKENIZER_KINDS",
     "TokenizerKind",
+    "add_qwen_tokens",
     "build_named_tokenizer",
     "build_tokenizer",
     "padded_vocab_size",
@@ -135,19 +136,14 @@ def _byte_alphabet() -> list[str]:
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The byte-level tokenizer: ids 0..255 are bytes, 256.. the `SPECIAL_TOKENS`; pad ``<|endoftext|>``,
     eos ``<|im_end|>``, no bos; `CHAT_TEMPLATE` as its chat template. Deterministic, built offline."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {char: byte for byte, char in enumerate(_byte_alphabet())}
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     # No merges, so splitting words first would not change any id: skip the regex.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    for content, special in SPECIAL_TOKENS:
-        token = AddedToken(content, special=special, normalized=False)
-        if special:
-            backend.add_special_tokens([token])
-        else:
-            backend.add_tokens([token])
+    add_qwen_tokens(backend)
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=None,
@@ -181,3 +177,16 @@ def build_named_tokenizer(kind: TokenizerKind, chat_template: str | None = None)
 def padded_vocab_size(tokenizer: PreTrainedTokenizerFast, multiple: int = 64) -> int:
     """``len(tokenizer)`` rounded up to a multiple of ``multiple`` (the model's embedding rows)."""
     return -(-len(tokenizer) // multiple) * multiple
+
+
+def add_qwen_tokens(backend: Any) -> None:
+    """Add `SPECIAL_TOKENS` to a `tokenizers.Tokenizer` after its vocabulary, in order: special ones as
+    special tokens (skipped by ``decode(skip_special_tokens=True)``), the markers as plain added tokens."""
+    from tokenizers import AddedToken
+
+    for content, special in SPECIAL_TOKENS:
+        token = AddedToken(content, special=special, normalized=False)
+        if special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
