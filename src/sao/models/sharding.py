@@ -21,10 +21,11 @@ differ in how sao calls them:
 Gradients are *summed* over the ranks, not averaged (FSDP's default): the sharded `sao.train.step.Trainer`
 normalises each rank's loss by whole-batch counts, so the sum is the single-process gradient.
 `set_gradient_reduction` switches to the mean (for every rank training on the same data; value
-pretraining splits its batches instead and keeps the sum). Parameters that receive no gradient on some rank get zeros there (FSDP's
-``reduce_scatter_unused_params``) so that every rank reduce-scatters the same tensors; one that no rank
-used then gets a zero gradient where one process has none (AdamW still decays its moments). sao's models
-use every trainable parameter in every forward (MoE experts are fused tensors), so this never arises there.
+pretraining splits its batches instead and keeps the sum). Parameters that receive no gradient on some
+rank get zeros there (FSDP's ``reduce_scatter_unused_params``) so that every rank reduce-scatters the
+same tensors; one that no rank used then gets a zero gradient where one process has none (AdamW still
+decays its moments). sao's models use every trainable parameter in every forward (MoE experts are fused
+tensors), so this never arises there.
 
 Mixed precision is FSDP's ``MixedPrecisionPolicy`` (`sao.models.precision.fsdp_policy`): the sharded
 parameters stay in the master dtype, each unit gathers them in the compute dtype and reduce-scatters float32
