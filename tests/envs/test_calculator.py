@@ -251,7 +251,7 @@ def test_with_its_tool_schema_an_episode_has_the_tokens_of_the_same_gateway_sess
         session.record_generation(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
         content, calls = split_tool_calls(text)
         reply = {"role": "assistant", "content": content, **({"tool_calls": calls} if calls else {})}
-        session.note_reply(reply, text)
+        session.note_reply(reply)
         messages.append(reply)
         if k == 0:
             messages.append({"role": "tool", "tool_call_id": calls[0]["id"], "content": str(task.answer)})

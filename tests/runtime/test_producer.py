@@ -217,16 +217,16 @@ def test_env_faults_drop_their_episodes_by_reason_log_once_per_kind_and_the_prod
 
 
 def test_an_error_that_is_not_an_episode_failure_stops_the_producer_and_is_reported(engine, tiny_tokenizer):
-    """A chat template that rewrites history is a configuration error, not an episode's fault: the first
-    episode that meets it stops the producer, and the run is told (``on_fatal``)."""
-    from tests.rollout.test_agent_loop import THINK_PROMPT_TEMPLATE, with_template
+    """A tokenizer without the end-of-turn token the loop needs is a configuration error, not an episode's
+    fault: the first episode that meets it stops the producer, and the run is told (``on_fatal``)."""
+    import copy
 
-    from sao.rollout.agent_loop import PrefixInvariantError
-
-    producer, mgr, _ = _producer(engine, with_template(tiny_tokenizer, THINK_PROMPT_TEMPLATE), batch=4)
+    no_eot = copy.deepcopy(tiny_tokenizer)
+    no_eot.convert_tokens_to_ids = lambda text: None  # neither <|im_end|> nor an eos token resolves
+    producer, mgr, _ = _producer(engine, no_eot, batch=4)
     fatal: list[BaseException] = []
     producer.on_fatal = fatal.append
     asyncio.run(asyncio.wait_for(producer.run(), 60))  # it ends by itself
-    assert fatal and isinstance(fatal[0], PrefixInvariantError)
+    assert fatal and isinstance(fatal[0], ValueError) and "no end-of-turn token" in str(fatal[0])
     s = mgr.stats()
     assert producer.counters["dropped/fatal"] >= 1 and s.started == s.trained + s.dropped + s.pending
