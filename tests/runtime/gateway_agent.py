@@ -13,8 +13,8 @@ from typing import Any
 @dataclass
 class Played:
     """One session as the agent saw it: every response's generated ids, log-probs and versions, and how
-    it ended (``rewarded``, ``abandoned``, ``refused``: its first request got a 4xx, ``cut``: the run
-    ended under it)."""
+    it ended (``rewarded``, ``abandoned``, ``refused``: its first request got a 4xx, ``swept``: its reward
+    came after the gateway's idle timeout had closed it, ``cut``: the run ended under it)."""
 
     sid: str
     group: str | None = None
@@ -89,6 +89,8 @@ async def play(
         except APIStatusError as err:
             if err.status_code == 400 and p.turns == 0:
                 p.end = "refused"
+            elif err.status_code == 404 and "closed as abandoned" in str(err):
+                p.end = "swept"  # a loaded machine kept it idle past the gateway's timeout: dropped, told
             elif err.status_code != 503:  # 503: the run finished
                 raise
         except APIConnectionError:
