@@ -45,6 +45,11 @@ def hermes() -> PreTrainedTokenizerFast:
     return _tokenizer("hermes")
 
 
+def _thinking_off(tokenizer: PreTrainedTokenizerFast) -> PreTrainedTokenizerFast:
+    """``tokenizer`` with ``enable_thinking = false`` bound into its template (as a run binds it)."""
+    return build_bpe_tokenizer(bind_template_variables(tokenizer.chat_template, enable_thinking=False))
+
+
 def _render(tokenizer: Any, messages: list[dict[str, Any]], **kwargs: Any) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
 
@@ -133,9 +138,7 @@ def test_observation_delta_with_qwen3_is_the_rendering_of_the_new_messages(
         "<|im_end|>\n<|im_start|>assistant\n"
     )
     nudge = [{"role": "user", "content": "Give a final answer."}]
-    cut = observation_delta(
-        qwen3, nudge, TOOLS, EOT, turn_ended=False, template_kwargs={"enable_thinking": False}
-    )
+    cut = observation_delta(_thinking_off(qwen3), nudge, TOOLS, EOT, turn_ended=False)
     assert cut == (
         "<|im_end|>\n<|im_start|>user\nGive a final answer.<|im_end|>\n"
         "<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -156,8 +159,7 @@ def test_assistant_text_with_qwen3_is_the_turn_as_generated(qwen3: PreTrainedTok
     assert assistant_text(qwen3, split, None, EOT) == thinking["content"] + EOT
     plain = {"role": "assistant", "content": "answer: 5"}
     assert assistant_text(qwen3, plain, None, EOT) == "<think>\n\n</think>\n\nanswer: 5" + EOT
-    off = {"enable_thinking": False}
-    assert assistant_text(qwen3, plain, None, EOT, template_kwargs=off) == "answer: 5" + EOT
+    assert assistant_text(_thinking_off(qwen3), plain, None, EOT) == "answer: 5" + EOT
 
 
 def test_hermes_injects_a_default_system_prompt_and_gives_each_tool_result_a_turn(
@@ -183,9 +185,7 @@ def test_hermes_injects_a_default_system_prompt_and_gives_each_tool_result_a_tur
 def test_every_shipped_template_closes_an_assistant_turn_right_after_its_content(name: str) -> None:
     tokenizer = _tokenizer(name)
     message = {"role": "assistant", "content": '<tool_call>{"name": "calc"}</tool_call>'}
-    assert (
-        assistant_text(tokenizer, message, TOOLS, EOT, {"enable_thinking": False}) == message["content"] + EOT
-    )
+    assert assistant_text(_thinking_off(tokenizer), message, TOOLS, EOT) == message["content"] + EOT
     for new in ([{"role": "tool", "content": "5"}], [{"role": "user", "content": "More?"}], []):
         delta = observation_delta(tokenizer, new, TOOLS, EOT, turn_ended=True)
         assert delta.endswith("<|im_start|>assistant\n")

@@ -55,7 +55,6 @@ def render_chat(
     messages: Sequence[Mapping[str, Any]],
     end_of_turn: str | None = None,
     tools: Sequence[Any] | None = None,
-    template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedChat:
     """Tokenise a conversation with masks at a rollout's boundaries; see the module docstring.
 
@@ -66,7 +65,6 @@ def render_chat(
             has it, else its eos token: as the agent loop).
         tools: OpenAI-style tool schemas the template renders into the prompt (as a gateway request's
             ``tools`` or an env's ``tools`` attribute are).
-        template_kwargs: extra chat-template variables (``enable_thinking``); None values dropped.
 
     Raises `ChatTemplateError` for a malformed conversation or a template that cannot render it so.
     """
@@ -89,7 +87,7 @@ def render_chat(
     first = assistants[0]
     try:
         prompt = render(tokenizer, messages[:first], tools, add_generation_prompt=True,
-                        template_kwargs=template_kwargs)  # fmt: skip
+                        )  # fmt: skip
     except Exception as err:
         raise ChatTemplateError(f"rendering the prompt: {type(err).__name__}: {err}") from err
     append(prompt, 0, -1)
@@ -97,9 +95,9 @@ def render_chat(
         try:
             if turn > 0:
                 between = messages[assistants[turn - 1] + 1 : i]
-                delta = observation_delta(tokenizer, between, tools, eot, True, template_kwargs)
+                delta = observation_delta(tokenizer, between, tools, eot, True)
                 append(delta, 0, turn - 1)
-            append(assistant_text(tokenizer, messages[i], tools, eot, template_kwargs), 1, turn)
+            append(assistant_text(tokenizer, messages[i], tools, eot), 1, turn)
         except ChatTemplateError as err:
             raise ChatTemplateError(f"assistant message {i}: {err}") from err
     return RenderedChat(ids, mask, turns)

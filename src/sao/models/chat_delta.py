@@ -18,8 +18,9 @@ generation prompt, up to and including the end-of-turn token (reasoning and tool
 where the template strips them from earlier turns).
 
 Pure functions of (tokenizer, messages): used by the agent loop (`sao.rollout.agent_loop`), the gateway's
-sessions (`sao.serve.sessions`) and SFT (`sao.models.chat`). ``template_kwargs`` are extra variables for
-the template (e.g. ``enable_thinking``); None values are dropped.
+sessions (`sao.serve.sessions`) and SFT (`sao.models.chat`). Template variables such as
+``enable_thinking`` are bound into the template's text (`sao.models.templates.bind_template_variables`),
+so every rendering sees them without being passed anything.
 """
 
 from __future__ import annotations
@@ -54,17 +55,13 @@ def render(
     tools: Sequence[Any] | None = None,
     *,
     add_generation_prompt: bool,
-    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
-    """The chat template's rendering of ``messages`` as text (``template_kwargs``: extra template
-    variables, None values dropped). Whatever the template raises propagates."""
-    extra = {k: v for k, v in (template_kwargs or {}).items() if v is not None}
+    """The chat template's rendering of ``messages`` as text. Whatever the template raises propagates."""
     return tokenizer.apply_chat_template(
         [dict(m) for m in messages],
         tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
-        **extra,
     )
 
 
@@ -106,7 +103,6 @@ def observation_delta(
     tools: Sequence[Any] | None,
     end_of_turn: str,
     turn_ended: bool,
-    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The text that follows a recorded assistant turn: the template's rendering of ``new_messages``
     (possibly none) and the next generation prompt.
@@ -119,7 +115,6 @@ def observation_delta(
         end_of_turn: the token text that ends an assistant turn (``<|im_end|>``).
         turn_ended: whether the recorded turn ended with ``end_of_turn``; if not (cut by a token limit)
             the delta starts with it.
-        template_kwargs: extra template variables (``enable_thinking``); None values dropped.
 
     Raises `ChatTemplateError` if the template raises or its stand-in rendering is unusable.
     """
@@ -127,7 +122,7 @@ def observation_delta(
     try:
         text = render(
             tokenizer, [*standin, *new_messages], tools,
-            add_generation_prompt=True, template_kwargs=template_kwargs,
+            add_generation_prompt=True,
         )  # fmt: skip
     except Exception as err:
         raise ChatTemplateError(f"the chat template raised {type(err).__name__}: {err}") from err
@@ -142,7 +137,6 @@ def assistant_text(
     message: Mapping[str, Any],
     tools: Sequence[Any] | None,
     end_of_turn: str,
-    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """An assistant ``message`` as the model generates it after the generation prompt: its rendering as
     the last message after a stand-in user message, minus the stand-in's rendering with the generation
@@ -152,12 +146,10 @@ def assistant_text(
     before it (e.g. reasoning given while ``enable_thinking`` is false), or without ``end_of_turn``.
     """
     try:
-        prompt = render(
-            tokenizer, [_STANDIN_USER], tools, add_generation_prompt=True, template_kwargs=template_kwargs
-        )
+        prompt = render(tokenizer, [_STANDIN_USER], tools, add_generation_prompt=True)
         full = render(
             tokenizer, [_STANDIN_USER, message], tools,
-            add_generation_prompt=False, template_kwargs=template_kwargs,
+            add_generation_prompt=False,
         )  # fmt: skip
     except Exception as err:
         raise ChatTemplateError(f"the chat template raised {type(err).__name__}: {err}") from err

@@ -15,7 +15,7 @@ never re-rendered, so any chat template works, including ones that rewrite earli
   when the turn was cut before its end-of-turn token, the suffix starts with it), tokenised on its own
   as observation tokens (action_mask 0).
 
-``cfg.enable_thinking`` (when not None) is passed to the template as ``enable_thinking``.
+Template variables (``enable_thinking``) are bound into the tokenizer's template (`sao.runtime.build`).
 
 Finish reasons: ``stop`` (env done), ``max_turns``, ``length`` (token budget exhausted: a turn cut by the
 budget gets no env step and reward 0, and a trailing observation past the budget is dropped). An episode
@@ -53,7 +53,6 @@ class AgentLoopConfig:
     a turn generates at most ``min(max_tokens_per_turn, tokens left)``. ``end_of_turn``: the token that ends
     an assistant turn (default ``<|im_end|>`` if the tokenizer has it, else its eos token).
     ``env_timeout_s``: seconds each env call (reset, step, close) may take; None waits forever.
-    ``enable_thinking``: passed to the chat template as ``enable_thinking`` (None: not passed).
     """
 
     max_turns: int = 50
@@ -64,7 +63,6 @@ class AgentLoopConfig:
     top_k: int = -1
     end_of_turn: str | None = None
     env_timeout_s: float | None = None
-    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_total_tokens", "max_tokens_per_turn"):
@@ -72,11 +70,6 @@ class AgentLoopConfig:
                 raise ValueError(f"AgentLoopConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.env_timeout_s is not None and not self.env_timeout_s > 0:
             raise ValueError(f"AgentLoopConfig.env_timeout_s must be > 0 or None, got {self.env_timeout_s}")
-
-    @property
-    def template_kwargs(self) -> dict[str, Any]:
-        """The extra variables every chat-template rendering of an episode gets."""
-        return {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
 
 
 class _Recorder:
@@ -87,11 +80,8 @@ class _Recorder:
         self, tokenizer: Any, session_id: str, tools: list[Any] | None, cfg: AgentLoopConfig
     ) -> None:
         self.tokenizer = tokenizer
-        self.session = ChatSession(
-            tokenizer, session_id, end_of_turn=cfg.end_of_turn, template_kwargs=cfg.template_kwargs
-        )
+        self.session = ChatSession(tokenizer, session_id, end_of_turn=cfg.end_of_turn)
         self.tools = tools
-        self.template_kwargs = cfg.template_kwargs
         self.eot_text, self.eot_id = self.session.end_of_turn, self.session.end_of_turn_id
 
     @property
@@ -102,7 +92,6 @@ class _Recorder:
         """Token ids of the first prompt (the rendering of ``messages`` with the generation prompt)."""
         text = render(
             self.tokenizer, messages, self.tools, add_generation_prompt=True,
-            template_kwargs=self.template_kwargs,
         )  # fmt: skip
         if not isinstance(text, str) or not text:
             raise ValueError(f"the chat template rendered {text!r:.80}, not a prompt")
@@ -110,9 +99,7 @@ class _Recorder:
 
     def observe(self, new: list[Message], turn_ended: bool) -> list[int]:
         """Append the template's suffix for ``new`` after the last turn; returns the next prompt."""
-        delta = observation_delta(
-            self.tokenizer, new, self.tools, self.eot_text, turn_ended, self.template_kwargs
-        )
+        delta = observation_delta(self.tokenizer, new, self.tools, self.eot_text, turn_ended)
         return self.session.append_observation(delta)
 
     def record(self, gen: Generation) -> str:

@@ -26,7 +26,7 @@ import json
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +93,6 @@ def create_app(
     hooks: SessionHooks | None = None,
     rules: SessionRules | None = None,
     verifier: Verifier | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> FastAPI:
     """Build the gateway app.
 
@@ -115,7 +114,6 @@ def create_app(
         hooks: admission and the destination of closed sessions (default: admit all, ``on_trajectory``).
         rules: what recorded sessions must respect (default: nothing beyond the limits).
         verifier: scores a session whose reward request names only a task (default: none).
-        chat_template_kwargs: extra chat-template variables of every rendering (``enable_thinking``).
 
     Raises ValueError for an invalid limit.
     """
@@ -137,7 +135,7 @@ def create_app(
     eos = [t for t in {tokenizer.eos_token_id, end_of_turn_id} if isinstance(t, int)]
 
     def _session(sid: str) -> ChatSession:
-        return ChatSession(tokenizer, sid, end_of_turn=end_of_turn, template_kwargs=chat_template_kwargs)
+        return ChatSession(tokenizer, sid, end_of_turn=end_of_turn)
 
     async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
         max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)

@@ -135,7 +135,6 @@ class ChatSession:
         tokenizer: a Hugging Face tokenizer with a chat template.
         session_id: the client's session key.
         end_of_turn: the token that ends an assistant turn (default ``<|im_end|>``, else the eos token).
-        template_kwargs: extra chat-template variables (``enable_thinking``); None values dropped.
     """
 
     def __init__(
@@ -144,12 +143,10 @@ class ChatSession:
         session_id: str,
         *,
         end_of_turn: str | None = None,
-        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.session_id = session_id
         self.end_of_turn, self.end_of_turn_id = end_of_turn_token(tokenizer, end_of_turn)
-        self.template_kwargs = dict(template_kwargs or {})
         self.branches: list[Branch] = []
         self.group_id: str | None = None  # set by the gateway from the first request that names one
         self.task_id: str | None = None
@@ -179,15 +176,12 @@ class ChatSession:
         current = self.branches[-1] if self.branches else None
         if current is not None and current.extended_by(messages, tools_key):
             new = messages[len(current.messages) :]
-            delta = observation_delta(
-                self.tokenizer, new, tools, self.end_of_turn, current.turn_ended, self.template_kwargs
-            )
+            delta = observation_delta(self.tokenizer, new, tools, self.end_of_turn, current.turn_ended)
             recorded = (*current.messages, *(("sent", _canonical(m)) for m in new))
             branch, base_ids = len(self.branches) - 1, current.token_ids
         else:
             delta = render(
                 self.tokenizer, messages, tools, add_generation_prompt=True,
-                template_kwargs=self.template_kwargs,
             )  # fmt: skip
             recorded = tuple(("sent", _canonical(m)) for m in messages)
             branch, base_ids = len(self.branches), []

@@ -54,7 +54,7 @@ class SFTOptions:
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool | None = None  # None: on with CUDA
     chat_template: str | None = None  # a .jinja path or a template shipped with sao ("qwen3", "hermes")
-    enable_thinking: bool | None = None  # passed to the chat template when not None
+    enable_thinking: bool | None = None  # bound into the chat template when not None
 
 
 def load_chat_jsonl(path: str | Path) -> list[tuple[list[dict[str, Any]], list[Any] | None]]:
@@ -100,12 +100,11 @@ def _trajectories(
     tokenizer: Any,
     conversations: Sequence[tuple[list[dict[str, Any]], list[Any] | None]],
     max_tokens: int,
-    template_kwargs: dict[str, Any] | None = None,
 ) -> list[Trajectory]:
     out = []
     for i, (messages, tools) in enumerate(conversations):
         try:
-            rendered = render_chat(tokenizer, messages, tools=tools, template_kwargs=template_kwargs)
+            rendered = render_chat(tokenizer, messages, tools=tools)
         except ChatTemplateError as err:
             raise ValueError(f"conversation {i}: {err}") from None
         traj = sft_trajectory(rendered, prompt_id=f"sft-{i}", max_tokens=max_tokens)
@@ -154,8 +153,7 @@ def run_sft(
         )
     model = ready_for_training(load_policy(model_dir, dtype=opts.master_dtype, device=opts.device), opts)
     model.train()
-    template_kwargs = {"enable_thinking": opts.enable_thinking}
-    trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens, template_kwargs)
+    trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens)
     train, held_out = split_eval(trajs, opts.eval_frac, opts.seed)
     console.print(f"sft: {len(train)} train / {len(held_out)} eval conversations, {opts.steps} steps")
 
