@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import faulthandler
 import functools
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from sao.train.split import shard_indices
 from sao.train.step import Trainer
 from sao.types import Batch
 
-from .fsdp_scenarios import trajectories
+from .fsdp_scenarios import free_port, trajectories
 
 WORLD = 2
 MICRO_BATCH_TOKENS = 40
@@ -173,19 +172,14 @@ def _worker(rank: int, port: int, model_dir: Path, work: Path) -> None:
                    "micro_batch": _rank_steps(model_dir, batches[:1], "micro_batch")}  # fmt: skip
         if rank == 0:
             torch.save(results, work / "ranks.pt")
+        dist.barrier()  # the ranks leave together, as in fsdp_scenarios
     finally:
         dist.destroy_process_group()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(model_dir: Path, work: Path, batches: list[Batch]) -> dict[str, Any]:
     """On 2 spawned gloo ranks: every batch with ``gradient_sync="step"``, the first with ``"micro_batch"``;
     rank 0's results."""
     torch.save(batches, work / "batches.pt")
-    mp.start_processes(_worker, args=(_free_port(), model_dir, work), nprocs=WORLD, start_method="spawn")
+    mp.start_processes(_worker, args=(free_port(), model_dir, work), nprocs=WORLD, start_method="spawn")
     return torch.load(work / "ranks.pt", weights_only=False)
