@@ -104,6 +104,25 @@ class SlotKVCache:
             if buf is not None:
                 buf[dst, :, :length] = buf[src, :, :length]
 
+    def save(self, slot: int, length: int) -> tuple[list[Tensor], list[Tensor]]:
+        """Copies of positions ``0 .. length - 1`` of ``slot``: per layer ``(H_kv, length, D)`` keys and
+        values (for `prefix_store`)."""
+        if not self._keys or length > self.capacity or any(k is None for k in self._keys):
+            raise ValueError(f"slot {slot} holds no {length} cached positions")
+        keys = [k[slot, :, :length].clone() for k in self._keys]  # type: ignore[index]
+        values = [v[slot, :, :length].clone() for v in self._values]  # type: ignore[index]
+        return keys, values
+
+    def load(self, slot: int, keys: list[Tensor], values: list[Tensor]) -> None:
+        """Write per-layer ``(H_kv, L, D)`` ``keys`` / ``values`` (from `save`) into positions ``0 .. L - 1``
+        of ``slot``, allocating the buffers if the cache was cleared."""
+        length = keys[0].shape[1]
+        self.reserve(length)
+        for index, (k, v) in enumerate(zip(keys, values, strict=True)):
+            key_buf, value_buf = self.layer(index, k[None])
+            key_buf[slot, :, :length] = k
+            value_buf[slot, :, :length] = v
+
     def clear(self) -> None:
         """Free every buffer (the engine is idle)."""
         self.capacity = 0

@@ -26,6 +26,14 @@ encoded by the old ones. With ``recompute_kv_on_update=True`` every in-flight se
 the new weights in the next step: its later tokens are exactly what the new policy produces from that
 prefix, at the cost of one prefill of every in-flight sequence (prompt + generated so far) per update.
 
+Turns of an episode. When a request finishes (stop or length), its KV is kept (`prefix_store`) within
+``prefix_cache_tokens`` positions (least recently kept evicted first); a later request whose prompt starts with
+that request's tokens (prompt + generated: the next turn of an agentic episode) takes it and prefills only
+its new tokens. The kept KV is what the request's own forwards computed, possibly under older weights, so a
+turn that follows a weight update reads a prefix encoded by the weights of earlier turns, exactly as an
+in-flight request reads KV written before an update; its new tokens record the version that computed them,
+as always. With ``recompute_kv_on_update=True`` an update drops every kept entry too.
+
 Stop tokens are not implied: generation ends on ``params.stop_token_ids`` (pass the EOS id there), a stop
 string, ``max_new_tokens`` or the context limit ``min(max_model_len, max_kv_tokens)`` on prompt +
 generated tokens (``finish_reason="length"``).
@@ -54,6 +62,7 @@ from sao.engine.local_request import Request, StopChecker, check_request
 from sao.engine.local_scheduler import Scheduler
 from sao.engine.local_step import StepRunner
 from sao.engine.local_weights import apply_state_dict, prepare_state_dict
+from sao.engine.prefix_store import ParkedKV, PrefixStore
 from sao.engine.types import FinishReason, Generation, SamplingParams, WeightsLike
 from sao.models.loading import load_policy, load_tokenizer, resolve_device, resolve_dtype
 
@@ -81,7 +90,8 @@ class LocalEngine:
     ``max_model_len``: context limit (default the model's ``max_position_embeddings``); ``seed``: seeds the
     generator of each request that gives no seed of its own (with the request's arrival index);
     ``lean_forward``: run Qwen3 / Qwen3-MoE backbones with `LeanForward` (same math as the HF modules, less
-    per-call overhead; other models always use the HF modules).
+    per-call overhead; other models always use the HF modules). ``prefix_cache_tokens``: KV positions kept
+    for later turns of finished requests (None: ``max_kv_tokens``; 0: none kept).
     """
 
     def __init__(
@@ -97,6 +107,7 @@ class LocalEngine:
         recompute_kv_on_update: bool = False,
         seed: int = 0,
         lean_forward: bool = True,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
         if isinstance(model_path_or_model, (str, Path)):
             model = load_policy(model_path_or_model, dtype=dtype, device=device)
@@ -120,6 +131,7 @@ class LocalEngine:
         self.seed = seed
         self._scheduler = Scheduler(max_running, max_kv_tokens)
         self._cache = SlotKVCache(max_running, self.context_limit)
+        self._prefixes = PrefixStore(max_kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens)
         self._run_step = StepRunner(model, self._cache, self.device, lean=lean_forward)
         # Last, once every argument is checked: the only change made to a borrowed model (undone by close).
         self._original_attention = model.config._attn_implementation
@@ -146,6 +158,8 @@ class LocalEngine:
                 "prefill_tokens",
                 "decode_steps",
                 "context_tokens",
+                "prefix_hits",
+                "prefix_reused_tokens",
             ),
             0,
         )
@@ -230,7 +244,9 @@ class LocalEngine:
         time since start; ``idle_s`` and ``uptime_s`` are the two terms, ``busy_s`` their difference),
         ``version``,
         ``last_update_latency_s`` (NaN before the first update), ``kv_tokens_reserved``, ``kv_capacity``
-        (positions per slot currently allocated)."""
+        (positions per slot currently allocated), ``prefix_hits`` (requests that continued a kept KV),
+        ``prefix_reused_tokens`` (prompt positions they did not prefill), ``prefix_cached_tokens`` /
+        ``prefix_entries`` (kept now), ``prefix_evictions`` / ``prefix_evicted_tokens`` (dropped for room)."""
         with self._cond:
             now = time.perf_counter()
             wall = 0.0 if self._started_at is None else now - self._started_at
@@ -247,6 +263,10 @@ class LocalEngine:
                 last_update_latency_s=self._last_update_latency_s,
                 kv_tokens_reserved=float(self._scheduler.reserved),
                 kv_capacity=float(self._cache.capacity),
+                prefix_cached_tokens=float(self._prefixes.tokens_held),
+                prefix_entries=float(len(self._prefixes)),
+                prefix_evictions=float(self._prefixes.evictions),
+                prefix_evicted_tokens=float(self._prefixes.evicted_tokens),
             )
             return out
 
@@ -341,6 +361,7 @@ class LocalEngine:
             if self.recompute_kv_on_update:
                 for request in self._scheduler.running:
                     request.cached = 0
+                self._prefixes.clear()
             update.deliver(None)
 
     def _drop_cancelled(self) -> None:
@@ -349,7 +370,8 @@ class LocalEngine:
             self._finish(request, "abort", cancelled=True)
 
     def _step(self) -> None:
-        self._scheduler.admit()
+        for request in self._scheduler.admit():
+            self._resume_prefix(request)
         running = list(self._scheduler.running)
         if not running:
             return
@@ -375,9 +397,32 @@ class LocalEngine:
             if verdict is not None:
                 self._finish(request, verdict[0], **verdict[1])
 
+    def _resume_prefix(self, request: Request) -> None:
+        """Give a newly admitted request the kept KV of an earlier request its prompt continues, if any."""
+        entry = self._prefixes.take(request.prompt)
+        if entry is None:
+            return
+        self._cache.load(request.slot, entry.keys, entry.values)
+        request.cached = entry.length
+        request.reused = entry.length
+        self._counters["prefix_hits"] += 1
+        self._counters["prefix_reused_tokens"] += entry.length
+
+    def _park(self, request: Request) -> None:
+        """Keep the KV of a request that finished normally for a later turn (`prefix_store`)."""
+        length = min(request.cached, len(request.tokens) - 1)
+        if self._prefixes.max_tokens == 0 or length < 1 or length > self._prefixes.max_tokens:
+            return
+        keys, values = self._cache.save(request.slot, length)
+        self._prefixes.park(ParkedKV(list(request.tokens), length, keys, values, self._version))
+
     # ------------------------------------------------------------------------------------------ finishing
 
     def _finish(self, request: Request, reason: FinishReason, error: str | None = None, **meta: Any) -> None:
+        if reason in ("stop", "length") and request.slot >= 0:
+            self._park(request)
+        if request.reused:
+            meta["cached_prompt_tokens"] = request.reused
         move = self._scheduler.remove(request)
         if move is not None:
             self._cache.move(*move)
@@ -407,3 +452,4 @@ class LocalEngine:
         for update in updates:
             update.deliver(RuntimeError(error or "LocalEngine closed before the update took effect"))
         self._cache.clear()
+        self._prefixes.clear()

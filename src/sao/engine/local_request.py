@@ -74,6 +74,7 @@ class Request:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     cached: int = 0
+    reused: int = 0  # prompt positions whose KV came from a kept earlier request (`prefix_store`)
     slot: int = -1
     cancelled: bool = False
     done: bool = False

@@ -1,0 +1,127 @@
+"""Kept KV of finished requests, so that an episode's next turn prefills only its new tokens.
+
+A multi-turn episode sends the engine, turn after turn, a prompt that extends the previous request's tokens
+(prompt + generated) by an observation and a generation prompt. When a request finishes, the engine *parks*
+the KV it computed: positions ``0 .. len(tokens) - 2`` (the last sampled token was never fed to the model).
+A later request whose prompt starts with exactly those tokens *takes* the entry: its KV is copied into the
+request's slot and only the rest of the prompt is prefilled. The entry is consumed (an episode's turns are
+sequential); when that request finishes, the longer context is parked in turn.
+
+Memory. Parked KV lives beside the running slots, on the engine's device, bounded by ``max_tokens`` KV
+positions in all (a position costs ``2 × layers × H_kv × D`` values). Parking past the bound evicts the
+least recently parked entries first (counted in ``evictions``); an evicted episode's next turn prefills its
+whole prompt, with the same result. An entry larger than the bound is not kept.
+
+Lookup. Every entry is indexed by its length and a hash of its tokens, chained over blocks of ``block``
+tokens: a prompt's block hashes are computed once (O(prompt)), each distinct entry length then costs one
+O(block) hash, and a hit is confirmed by comparing the tokens themselves.
+
+Owns: which KV is kept, its bound and lookup. Does not own: the slot buffers (`kv_cache`), when a request
+finishes (`local`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["ParkedKV", "PrefixStore"]
+
+
+@dataclass(eq=False)
+class ParkedKV:
+    """The KV of ``tokens[:length]``: per layer ``keys[i]`` / ``values[i]`` of shape ``(H_kv, length, D)``.
+
+    ``version``: the policy version of the weights in use when the request that computed it finished (its
+    positions may come from older versions, as any in-flight KV does)."""
+
+    tokens: list[int]
+    length: int
+    keys: list[Tensor]
+    values: list[Tensor]
+    version: int
+
+
+class PrefixStore:
+    """Parked KV entries under a bound of ``max_tokens`` positions (see the module docstring). Not
+    thread-safe: the engine loop owns it."""
+
+    def __init__(self, max_tokens: int, block: int = 64) -> None:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        self.max_tokens = max_tokens
+        self.block = block
+        self.tokens_held = 0
+        self.evictions = 0
+        self.evicted_tokens = 0
+        self._entries: OrderedDict[tuple[int, int], ParkedKV] = OrderedDict()  # oldest first
+        self._lengths: dict[int, int] = {}  # entry length -> entries of that length
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _key(self, chain: Sequence[int], tokens: Sequence[int], length: int) -> tuple[int, int]:
+        whole = length // self.block
+        return length, hash((chain[whole], tuple(tokens[whole * self.block : length])))
+
+    def _chain(self, tokens: Sequence[int], upto: int) -> list[int]:
+        """``chain[j]``: hash of ``tokens[: j * block]`` for ``j = 0 .. upto // block``."""
+        chain = [0]
+        for start in range(0, upto - upto % self.block, self.block):
+            chain.append(hash((chain[-1], tuple(tokens[start : start + self.block]))))
+        return chain
+
+    def park(self, entry: ParkedKV) -> bool:
+        """Keep ``entry`` (evicting the oldest entries to stay within the bound). False when it cannot be
+        kept: empty, or larger than the bound on its own."""
+        if entry.length < 1 or entry.length > self.max_tokens:
+            return False
+        key = self._key(self._chain(entry.tokens, entry.length), entry.tokens, entry.length)
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._forget(old)
+        while self._entries and self.tokens_held + entry.length > self.max_tokens:
+            _, evicted = self._entries.popitem(last=False)
+            self._forget(evicted)
+            self.evictions += 1
+            self.evicted_tokens += evicted.length
+        self._entries[key] = entry
+        self.tokens_held += entry.length
+        self._lengths[entry.length] = self._lengths.get(entry.length, 0) + 1
+        return True
+
+    def take(self, prompt: Sequence[int]) -> ParkedKV | None:
+        """Remove and return the longest entry whose tokens start ``prompt`` and leave at least one prompt
+        token to feed (``length <= len(prompt) - 1``), or None."""
+        limit = len(prompt) - 1
+        candidates = sorted((n for n in self._lengths if n <= limit), reverse=True)
+        if not candidates:
+            return None
+        chain = self._chain(prompt, candidates[0])
+        for length in candidates:
+            key = self._key(chain, prompt, length)
+            entry = self._entries.get(key)
+            if entry is not None and entry.tokens[:length] == list(prompt[:length]):
+                del self._entries[key]
+                self._forget(entry)
+                return entry
+        return None
+
+    def _forget(self, entry: ParkedKV) -> None:
+        self.tokens_held -= entry.length
+        left = self._lengths[entry.length] - 1
+        if left:
+            self._lengths[entry.length] = left
+        else:
+            del self._lengths[entry.length]
+
+    def clear(self) -> None:
+        """Drop every entry (not counted as evictions)."""
+        self._entries.clear()
+        self._lengths.clear()
+        self.tokens_held = 0
