@@ -29,10 +29,10 @@ prefix, at the cost of one prefill of every in-flight sequence (prompt + generat
 Turns of an episode. When a request finishes (stop or length), its KV is kept (`prefix_store`) within
 ``prefix_cache_tokens`` positions (least recently kept evicted first); a later request whose prompt starts
 with that request's tokens (prompt + generated: the next turn of an agentic episode) takes it and prefills
-only its new tokens. The kept KV is what the request's own forwards computed, possibly under older weights, so a
-turn that follows a weight update reads a prefix encoded by the weights of earlier turns, exactly as an
-in-flight request reads KV written before an update; its new tokens record the version that computed them,
-as always. With ``recompute_kv_on_update=True`` an update drops every kept entry too.
+only its new tokens. The kept KV is what the request's own forwards computed, possibly under older weights, so
+a turn that follows a weight update reads a prefix encoded by the weights of earlier turns, exactly as an in-
+flight request reads KV written before an update; its new tokens record the version that computed them, as
+always. With ``recompute_kv_on_update=True`` an update drops every kept entry too.
 
 Stop tokens are not implied: generation ends on ``params.stop_token_ids`` (pass the EOS id there), a stop
 string, ``max_new_tokens`` or the context limit ``min(max_model_len, max_kv_tokens)`` on prompt +
