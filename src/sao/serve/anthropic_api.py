@@ -17,6 +17,9 @@ or ``end_turn`` (a matched stop sequence is not told apart: ``stop_sequence`` is
 extras (``session_id``, ``prompt_token_ids``, ``token_ids``, ``versions``, per-token ``logprobs`` as
 floats, and any non-OpenAI top-level key) are passed through.
 
+A session's next request repeats its history: with the session's `ConversionMemo`, only the messages its
+last request did not have are converted (the others reuse their conversion, recognised by ``==``).
+
 Not supported: streaming, images and documents, ``thinking`` blocks (refused), server tools. Ignored:
 ``tool_choice`` (the model decides), ``metadata`` and unknown top-level fields. A malformed body raises
 `AnthropicRequestError` naming the path, e.g. ``messages.2.content.0: unknown content block type 'image'``.
@@ -26,13 +29,15 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .openai_api import ChatRequest
 
-__all__ = ["AnthropicRequestError", "MessagesRequest", "to_chat_request", "to_messages_response"]
+__all__ = ["AnthropicRequestError", "ConversionMemo", "MessagesRequest", "to_chat_request",
+           "to_messages_response"]  # fmt: skip
 
 # the chat.completion keys with an Anthropic counterpart (or none); any other top-level key is sao's
 _OPENAI_KEYS = frozenset(
@@ -176,16 +181,44 @@ def _tool(tool: dict[str, Any], path: str) -> dict[str, Any]:
     return {"type": "function", "function": fn}
 
 
-def to_chat_request(req: MessagesRequest) -> ChatRequest:
+@dataclass
+class ConversionMemo:
+    """What `to_chat_request` remembers of a session's last request, so the next one (which repeats its
+    history and adds k messages) converts only its k new messages: ``sent``, its messages as parsed
+    (a repeated one is recognised by ``==``); ``converted[i]``, the OpenAI messages ``sent[i]`` became
+    (the request's own objects, passed on as they are, which `sao.serve.openai_api.MessageMemo` then
+    recognises by identity)."""
+
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    converted: list[list[Any]] = field(default_factory=list)
+
+    def known(self, messages: list[dict[str, Any]]) -> int:
+        """How many leading ``messages`` equal the remembered ones."""
+        n = 0
+        for message, seen in zip(messages, self.sent, strict=False):
+            if message != seen:
+                break
+            n += 1
+        return n
+
+
+def to_chat_request(req: MessagesRequest, memo: ConversionMemo | None = None) -> ChatRequest:
     """The OpenAI `ChatRequest` equivalent to ``req``, carrying only the fields the client set.
 
+    With ``memo`` (the session's), the leading messages equal to its last request's reuse their
+    conversion and only the rest are converted; the memo then holds this request (unless it raised).
     Raises `AnthropicRequestError` (naming the path) for a shape sao does not convert.
     """
-    messages: list[dict[str, Any]] = []
+    messages: list[Any] = []
     if req.system is not None:
         messages.append({"role": "system", "content": _text(req.system, "system")})
-    for i, msg in enumerate(req.messages):
-        path = f"messages.{i}"
+    known = memo.known(req.messages) if memo is not None else 0
+    reused = memo.converted[:known] if memo is not None else []
+    for chunk in reused:
+        messages.extend(chunk)
+    spans = []  # where each new message's conversion lies in ``messages``
+    for i in range(known, len(req.messages)):
+        msg, path, start = req.messages[i], f"messages.{i}", len(messages)
         role, content = msg.get("role"), msg.get("content")
         if role == "system":
             raise AnthropicRequestError(
@@ -201,6 +234,7 @@ def to_chat_request(req: MessagesRequest) -> ChatRequest:
             messages.extend(_user(content, f"{path}.content"))
         else:
             messages.append(_assistant(content, f"{path}.content"))
+        spans.append((start, len(messages)))
     fields: dict[str, Any] = {"messages": messages, "max_tokens": req.max_tokens}
     given = req.model_fields_set
     fields.update({k: getattr(req, k) for k in _SAMPLING if k in given and getattr(req, k) is not None})
@@ -208,7 +242,11 @@ def to_chat_request(req: MessagesRequest) -> ChatRequest:
         fields["stop"] = req.stop_sequences
     if "tools" in given and req.tools is not None:
         fields["tools"] = [_tool(t, f"tools.{i}") for i, t in enumerate(req.tools)]
-    return ChatRequest(**fields)
+    chat = ChatRequest(**fields)
+    if memo is not None:
+        memo.sent = list(req.messages)
+        memo.converted = [*reused, *(chat.messages[start:end] for start, end in spans)]
+    return chat
 
 
 def _tool_input(arguments: str) -> dict[str, Any]:

@@ -15,6 +15,12 @@ abandoned, never emitted), body size (413), requests in flight (503), the contex
 a full prompt 400); 429 and 503 carry ``Retry-After``. A training run passes its `SessionHooks`
 (admission under the staleness rule, the trainer's queue), `SessionRules` (token budget, turn limit, fixed
 sampling) and a verifier (`sao.serve.hooks`); the per-session logic is `sao.serve.turns`.
+
+A request that extends its session by k messages costs O(k) in conversion, checks, rendering and
+tokenizing: the open session keeps what its last request became (`MessageMemo`, `ConversionMemo` in
+``ChatSession.request_memos``) and its recorded tokens (`sao.serve.sessions`); what grows with the history
+is the JSON the client sends (parsed once), one ``==`` per earlier message, and ``prompt_token_ids`` in the
+response.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import json
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +50,13 @@ from sao.engine.types import (
 from sao.models.chat_delta import end_of_turn_token
 from sao.types import Trajectory
 
-from .anthropic_api import AnthropicRequestError, MessagesRequest, to_chat_request, to_messages_response
+from .anthropic_api import (
+    AnthropicRequestError,
+    ConversionMemo,
+    MessagesRequest,
+    to_chat_request,
+    to_messages_response,
+)
 from .hooks import RecordingHooks, SessionHooks, SessionRules, Verifier
 from .limits import (
     BodySizeLimit,
@@ -58,6 +70,7 @@ from .limits import (
 from .openai_api import (
     ChatRequest,
     CompletionRequest,
+    MessageMemo,
     RewardRequest,
     logprobs_content,
     normalize_messages,
@@ -137,7 +150,7 @@ def create_app(
     def _session(sid: str) -> ChatSession:
         return ChatSession(tokenizer, sid, end_of_turn=end_of_turn)
 
-    async def _generate(prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def _generate(prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
         max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), context)
         try:
             gen = await engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=max_new))
@@ -225,15 +238,25 @@ def create_app(
             message["tool_calls"] = tool_calls
         return message
 
+    def _memo(named: str | None, api: str, make: Callable[[], Any]) -> Any:
+        """The open session ``named``'s memo of its last request for ``api`` (None: no such session yet)."""
+        entry = registry.get(named) if named is not None else None
+        if entry is None:
+            return None
+        memos = entry.session.request_memos
+        if api not in memos:
+            memos[api] = make()
+        return memos[api]
+
     async def _chat(req: ChatRequest, named: str | None, group_id: str | None, task_id: str | None) -> dict:
-        messages = normalize_messages(req.messages)
+        messages = normalize_messages(req.messages, _memo(named, "openai", MessageMemo))
         max_tokens = req.max_completion_tokens or req.max_tokens
         closed = None
         if named is None:  # unnamed requests (e.g. a judge) are served but not recorded, under no rules
             params = sampling_params(req, max_tokens, default_max_tokens, eos)
             session = _session(f"anon-{uuid.uuid4().hex}")
             try:
-                prompt_ids = list(session.plan(messages, req.tools).prompt_ids)
+                prompt_ids = session.plan(messages, req.tools).prompt_ids
             except Exception as err:  # the template rejected the conversation: the client's input
                 raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
             with gate.slot():
@@ -287,11 +310,11 @@ def create_app(
         x_group_id: str | None = Header(None),
         x_task_id: str | None = Header(None),
     ) -> dict[str, Any]:
+        named = x_session_id or req.session_id
         try:
-            chat_req = to_chat_request(req)
+            chat_req = to_chat_request(req, _memo(named, "anthropic", ConversionMemo))
         except AnthropicRequestError as err:
             raise HTTPException(400, str(err)) from None
-        named = x_session_id or chat_req.session_id
         out = await _chat(chat_req, named, x_group_id or chat_req.group_id, x_task_id or chat_req.task_id)
         return to_messages_response(out)
 

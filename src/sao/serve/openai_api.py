@@ -1,14 +1,15 @@
 """The OpenAI side of the gateway: request bodies (pydantic models that accept the fields OpenAI clients
 send and ignore the ones sao does not use), the checks and normal form of a conversation
-(`normalize_messages`: text content parts joined, tool calls and tool results checked), sampling
-parameters from a request, and the response pieces sao builds (per-token log-probs, Qwen/Hermes tool calls
-as OpenAI ``tool_calls``)."""
+(`normalize_messages`: text content parts joined, tool calls and tool results checked; with a session's
+`MessageMemo`, only the messages its last request did not have), sampling parameters from a request, and
+the response pieces sao builds (per-token log-probs, Qwen/Hermes tool calls as OpenAI ``tool_calls``)."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import HTTPException
@@ -18,8 +19,8 @@ from sao.engine.types import Generation, InvalidRequestError, SamplingParams
 
 from .hooks import SessionRules
 
-__all__ = ["ChatRequest", "CompletionRequest", "RewardRequest", "logprobs_content", "normalize_messages",
-           "sampling_params", "split_tool_calls"]  # fmt: skip
+__all__ = ["ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest", "logprobs_content",
+           "normalize_messages", "sampling_params", "split_tool_calls"]  # fmt: skip
 
 _TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 
@@ -106,35 +107,86 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
-def normalize_messages(messages: list[_Message]) -> list[dict[str, Any]]:
+@dataclass
+class MessageMemo:
+    """What `normalize_messages` remembers of a session's last request, so the next one (which repeats its
+    history and adds k messages) is checked and converted in O(k): ``sent``, the request's messages as
+    parsed (a repeated message is recognised by ``==``, no conversion); ``normal``, their normal form;
+    ``call_at``, the index of the first message that made each tool call id."""
+
+    sent: list[_Message] = field(default_factory=list)
+    normal: list[dict[str, Any]] = field(default_factory=list)
+    call_at: dict[str, int] = field(default_factory=dict)
+
+    def known(self, messages: list[_Message]) -> int:
+        """How many leading ``messages`` equal the remembered ones."""
+        n = 0
+        for message, seen in zip(messages, self.sent, strict=False):
+            if message is not seen and message != seen:
+                break
+            n += 1
+        return n
+
+    def remember(
+        self, messages: list[_Message], normal: list[dict[str, Any]], known: int, new_calls: dict[str, int]
+    ) -> None:
+        """Replace the remembered request by ``messages`` (their first ``known`` as remembered)."""
+        for i in range(known, len(self.normal)):  # the calls of the messages it no longer has
+            for call_id in _call_ids(self.normal[i]):
+                if self.call_at.get(call_id) == i:
+                    del self.call_at[call_id]
+        for call_id, i in new_calls.items():
+            self.call_at.setdefault(call_id, i)
+        self.sent, self.normal = list(messages), normal
+
+
+def _call_ids(message: dict[str, Any]) -> list[str]:
+    return [str(c["id"]) for c in message.get("tool_calls") or () if c.get("id") is not None]
+
+
+def normalize_messages(messages: list[_Message], memo: MessageMemo | None = None) -> list[dict[str, Any]]:
     """The request's conversation as plain dicts: roles checked, text parts joined, assistant
     ``tool_calls`` well formed (a function name, arguments a JSON object) and every tool message's
     ``tool_call_id`` (when given) one of an earlier assistant message's calls. Raises HTTPException(400)
-    naming the message (``messages.3.tool_calls.0.function.arguments: ...``)."""
-    out: list[dict[str, Any]] = []
-    call_ids: set[str] = set()
-    for i, message in enumerate(messages):
+    naming the message (``messages.3.tool_calls.0.function.arguments: ...``).
+
+    With ``memo`` (the session's), the leading messages equal to its last request's reuse their normal
+    form (checked then, with the same earlier messages) and only the rest are converted; the memo then
+    holds this request (unless it raised). Do not modify the returned dicts: later requests share them.
+    """
+    known = memo.known(messages) if memo is not None else 0
+    out = memo.normal[:known] if memo is not None else []
+    new_calls: dict[str, int] = {}  # call id -> index, made by the messages from ``known`` on
+
+    def made_before(ref: str) -> bool:
+        at = memo.call_at.get(ref) if memo is not None else None
+        return ref in new_calls or (at is not None and at < known)
+
+    for i in range(known, len(messages)):
         where = f"messages.{i}"
-        m = message.model_dump(exclude_none=True)
+        m = messages[i].model_dump(exclude_none=True)
         if m["role"] not in _ROLES:
             raise HTTPException(400, f"{where}.role: must be one of {', '.join(_ROLES)}, got {m['role']!r}")
         if "content" in m:
             m["content"] = _text(m["content"], where)
         if m["role"] == "assistant" and m.get("tool_calls") is not None:
             m["tool_calls"] = _check_tool_calls(m["tool_calls"], where)
-            call_ids.update(str(c["id"]) for c in m["tool_calls"] if c.get("id") is not None)
+            for call_id in _call_ids(m):
+                new_calls.setdefault(call_id, i)
         elif "tool_calls" in m:
             raise HTTPException(400, f"{where}.tool_calls: only assistant messages carry tool calls")
         if m["role"] == "tool":
             if not isinstance(m.get("content"), str):
                 raise HTTPException(400, f"{where}.content: a tool message needs its result as text")
             ref = m.get("tool_call_id")
-            if ref is not None and str(ref) not in call_ids:
+            if ref is not None and not made_before(str(ref)):
                 raise HTTPException(
                     400, f"{where}.tool_call_id: {ref!r} answers no tool call of an earlier assistant message"
                 )
         out.append(m)
-    return out
+    if memo is not None:
+        memo.remember(messages, out, known, new_calls)
+    return list(out)
 
 
 def sampling_params(

@@ -18,11 +18,18 @@ remembers each reply as returned; a request's assistant message at that position
 the same content and the same tool calls (`reply_signature`). Other messages match when they are equal.
 Without `note_reply` a reply matches an assistant message whose content is the generated text.
 
+Cost. A client sends the whole history with every request; what a request that adds k messages costs here
+is O(k) rendering and tokenizing (the suffix only) and one ``==`` per earlier message: each recorded
+message keeps a copy of the last form a request sent it in, compared first (C-speed dict equality, no
+serialization); a reply's `reply_signature` is computed only for an echo not seen before (once per reply).
+Nothing recorded is re-rendered, re-tokenized or re-serialized.
+
 Owns: session state and turning it into `Trajectory` objects. Does not own: HTTP, generation.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,11 +38,7 @@ from typing import Any
 from sao.models.chat_delta import end_of_turn_token, observation_delta, render
 from sao.types import Trajectory
 
-__all__ = ["Branch", "ChatSession", "PromptPlan", "reply_signature"]
-
-# A recorded message: ("sent", its canonical JSON) for a message a request sent, ("reply", its
-# `reply_signature`) for a reply the gateway generated (None: no echo of it can match).
-RecordedMessage = tuple[str, str | None]
+__all__ = ["Branch", "ChatSession", "PromptPlan", "RecordedMessage", "reply_signature"]
 
 
 def reply_signature(message: Mapping[str, Any]) -> str | None:
@@ -56,23 +59,60 @@ def reply_signature(message: Mapping[str, Any]) -> str | None:
     return json.dumps([message.get("content") or "", calls], sort_keys=True)
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=str)
+def _tools_value(tools: Sequence[Any] | None) -> list[Any] | None:
+    """The tools as the branch compares them (no tools and an empty list are the same)."""
+    return list(tools) if tools else None
 
 
-def _matches(message: Mapping[str, Any], recorded: RecordedMessage) -> bool:
-    kind, key = recorded
-    if kind == "reply":
-        return key is not None and message.get("role") == "assistant" and reply_signature(message) == key
-    return _canonical(message) == key
+@dataclass
+class RecordedMessage:
+    """One message of a branch's conversation, and what a request's message at its position must be to
+    continue the branch.
+
+    ``sent``: a request sent it, and ``message`` is a copy of it (a request continues with an equal
+    message, ``==`` on the parsed JSON). Else the gateway generated it: ``signature`` is its
+    `reply_signature` as the client got it (None: no echo can match) and ``message`` a copy of the reply as
+    the client got it, or of the last echo of it a request sent in another form: compared first, so an
+    echo seen before costs one ``==`` and only a new form of it is parsed.
+    """
+
+    sent: bool
+    message: dict[str, Any]
+    signature: str | None = None
+
+    def matches(self, message: Mapping[str, Any]) -> bool:
+        """Whether ``message`` continues the branch at this position; remembers a new echo of a reply."""
+        if not self.sent and self.signature is None:
+            return False
+        if message == self.message:
+            return True
+        if self.sent or message.get("role") != "assistant":
+            return False
+        if reply_signature(message) != self.signature:
+            return False
+        # The same reply as the client got it, sent in another form (other call ids or JSON spacing):
+        # remember the form, which matches exactly the same messages, so the next echo costs one ``==``.
+        self.message = copy.deepcopy(dict(message))
+        return True
+
+
+def _reply(message: Mapping[str, Any]) -> RecordedMessage:
+    """A generated reply as the client got it (``message``, copied: its exact echo is compared first)."""
+    return RecordedMessage(False, copy.deepcopy(dict(message)), reply_signature(message))
+
+
+def _generated_reply(content: str) -> RecordedMessage:
+    """A generated reply as its text (until `ChatSession.note_reply` says how the client got it)."""
+    message = {"role": "assistant", "content": content}
+    return RecordedMessage(False, message, reply_signature(message))
 
 
 @dataclass
 class Branch:
     """One token sequence of a session: prompt, then alternating generated and observation tokens, and
-    the conversation it records (``messages``: `RecordedMessage` keys; ``tools``: canonical JSON)."""
+    the conversation it records (``messages``, one `RecordedMessage` each; ``tools``: a copy of the
+    request's tools)."""
 
-    text: str = ""  # the text the recorded tokens stand for (rendered prompt + generated text + deltas)
     token_ids: list[int] = field(default_factory=list)
     action_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -82,8 +122,16 @@ class Branch:
     finish_reason: str = "stop"
     prefix_mismatch: bool = False
     messages: list[RecordedMessage] = field(default_factory=list)
-    tools: str = "null"
+    tools: list[Any] | None = None
     turn_ended: bool = True  # the last generated turn ended with the end-of-turn token
+    # the text the recorded tokens stand for, in pieces (rendered prompt, generated text, deltas): joined
+    # only when read, so appending costs O(piece), not O(history)
+    pieces: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        """The text the recorded tokens stand for (rendered prompt + generated text + deltas)."""
+        return "".join(self.pieces)
 
     def append(self, ids: Sequence[int], text: str, action: bool, logprobs=None, versions=None) -> None:
         n = len(ids)
@@ -93,17 +141,18 @@ class Branch:
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
         self.versions.extend(versions if versions is not None else [-1] * n)
         self.turn_ids.extend([turn] * n)
-        self.text += text
+        self.pieces.append(text)
 
-    def extended_by(self, messages: Sequence[Mapping[str, Any]], tools: str) -> bool:
+    def extended_by(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Any] | None) -> bool:
         """Whether a request of ``messages`` with ``tools`` continues this branch: same tools, and its
-        messages start with the recorded ones (a branch that generated nothing is never continued)."""
+        messages start with the recorded ones (a branch that generated nothing is never continued). One
+        ``==`` per recorded message (`RecordedMessage.matches`)."""
         n = len(self.messages)
         return (
             self.turns > 0
-            and tools == self.tools
+            and _tools_value(tools) == self.tools
             and len(messages) >= n
-            and all(_matches(m, r) for m, r in zip(messages[:n], self.messages, strict=True))
+            and all(r.matches(m) for r, m in zip(self.messages, messages, strict=False))
         )
 
 
@@ -115,7 +164,8 @@ class PromptPlan:
     ``prefix_mismatch`` when the session already had a branch); ``base_tokens``: that branch's length when
     planned; ``delta``/``delta_ids``: the observation text and tokens appended (the full rendering for a
     new branch); ``prompt_ids``: the branch's tokens followed by the delta, what to generate from;
-    ``messages``/``tools``: the branch's recorded conversation once committed.
+    ``new_messages``: the messages the branch records once committed, after those it has (all of them
+    for a new branch); ``tools``: the branch's tools.
     """
 
     branch: int
@@ -124,8 +174,8 @@ class PromptPlan:
     delta: str
     delta_ids: tuple[int, ...]
     prompt_ids: tuple[int, ...]
-    messages: tuple[RecordedMessage, ...] = ()
-    tools: str = "null"
+    new_messages: tuple[RecordedMessage, ...] = ()
+    tools: list[Any] | None = None
 
 
 class ChatSession:
@@ -151,6 +201,9 @@ class ChatSession:
         self.group_id: str | None = None  # set by the gateway from the first request that names one
         self.task_id: str | None = None
         self.messages: list[dict[str, Any]] = []  # the latest conversation, ending with the reply returned
+        # What the HTTP layer remembers of this session's last request, by API ("openai", "anthropic"),
+        # so converting the next one costs O(new messages); dropped with the session.
+        self.request_memos: dict[str, Any] = {}
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
@@ -169,22 +222,22 @@ class ChatSession:
 
         Extends the current branch with the suffix rendering of the new trailing messages when the
         request continues it (`Branch.extended_by`), else plans a new branch with the full rendering.
-        Raises whatever the template raises (`sao.models.chat_delta.ChatTemplateError` for a suffix).
-        `commit` records the plan; a plan never committed leaves the session as it was.
+        Extending costs O(new messages) in rendering, tokenizing and copying, and one ``==`` per earlier
+        message. Raises whatever the template raises (`sao.models.chat_delta.ChatTemplateError` for a
+        suffix). `commit` records the plan; a plan never committed leaves the session as it was (it may
+        remember the form in which a request echoed a reply, which changes no outcome).
         """
-        tools_key = _canonical(list(tools) if tools else None)
         current = self.branches[-1] if self.branches else None
-        if current is not None and current.extended_by(messages, tools_key):
+        if current is not None and current.extended_by(messages, tools):
             new = messages[len(current.messages) :]
             delta = observation_delta(self.tokenizer, new, tools, self.end_of_turn, current.turn_ended)
-            recorded = (*current.messages, *(("sent", _canonical(m)) for m in new))
-            branch, base_ids = len(self.branches) - 1, current.token_ids
+            branch, base_ids, tools_kept = len(self.branches) - 1, current.token_ids, current.tools
         else:
+            new = messages
             delta = render(
                 self.tokenizer, messages, tools, add_generation_prompt=True,
             )  # fmt: skip
-            recorded = tuple(("sent", _canonical(m)) for m in messages)
-            branch, base_ids = len(self.branches), []
+            branch, base_ids, tools_kept = len(self.branches), [], copy.deepcopy(_tools_value(tools))
         delta_ids = self._encode(delta)
         return PromptPlan(
             branch=branch,
@@ -193,20 +246,20 @@ class ChatSession:
             delta=delta,
             delta_ids=tuple(delta_ids),
             prompt_ids=(*base_ids, *delta_ids),
-            messages=recorded,
-            tools=tools_key,
+            new_messages=tuple(RecordedMessage(True, copy.deepcopy(dict(m))) for m in new),
+            tools=tools_kept,
         )
 
     def commit(self, plan: PromptPlan) -> None:
         """Record ``plan``'s observation delta and messages (opening its new branch if it has one). Raises
         `RuntimeError` if the session changed since the plan was made."""
         if plan.branch == len(self.branches):
-            self.branches.append(Branch(prefix_mismatch=plan.prefix_mismatch))
+            self.branches.append(Branch(prefix_mismatch=plan.prefix_mismatch, tools=plan.tools))
         elif plan.branch != len(self.branches) - 1 or len(self.branches[-1].token_ids) != plan.base_tokens:
             raise RuntimeError(f"session {self.session_id!r} changed since this prompt was planned")
         branch = self.branches[-1]
         branch.append(list(plan.delta_ids), plan.delta, action=False)
-        branch.messages, branch.tools = list(plan.messages), plan.tools
+        branch.messages.extend(plan.new_messages)
 
     @property
     def text(self) -> str:
@@ -235,16 +288,16 @@ class ChatSession:
         branch.finish_reason = finish_reason
         branch.turn_ended = bool(token_ids) and token_ids[-1] == self.end_of_turn_id
         content = text.removesuffix(self.end_of_turn) if branch.turn_ended else text
-        branch.messages.append(("reply", reply_signature({"role": "assistant", "content": content})))
+        branch.messages.append(_generated_reply(content))
         return text
 
     def note_reply(self, message: Mapping[str, Any]) -> None:
         """Remember the latest turn's reply as the client got it (``message``: role, content, maybe
         ``tool_calls``): an assistant message equal to it (`reply_signature`) continues the branch."""
         branch = self.branches[-1]
-        if not branch.messages or branch.messages[-1][0] != "reply":
+        if not branch.messages or branch.messages[-1].sent:
             raise RuntimeError(f"session {self.session_id!r}: no generated turn to note a reply for")
-        branch.messages[-1] = ("reply", reply_signature(message))
+        branch.messages[-1] = _reply(message)
 
     @property
     def num_tokens(self) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ class TurnResult:
     """A served request: the prompt it generated from, the generation, the assistant message the client
     gets, and ``closed`` (why the gateway closed the session after it, e.g. ``"truncated"``; None: open)."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]  # the plan's tuple, not copied again (it may be long)
     gen: Generation
     message: dict[str, Any]
     closed: str | None = None
@@ -62,7 +62,7 @@ class SessionTurns:
         self,
         registry: SessionRegistry,
         gate: PendingGate,
-        generate: Callable[[list[int], SamplingParams], Awaitable[Generation]],
+        generate: Callable[[Sequence[int], SamplingParams], Awaitable[Generation]],
         hooks: SessionHooks,
         rules: SessionRules,
         verifier: Verifier | None,
@@ -158,7 +158,7 @@ class SessionTurns:
                 plan = session.plan(messages, tools)
             except Exception as err:  # the template rejected the conversation: the client's input
                 raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
-            prompt_ids = list(plan.prompt_ids)
+            prompt_ids = plan.prompt_ids
             budget = rules.max_session_tokens
             if budget is not None:
                 left = budget - len(prompt_ids)
