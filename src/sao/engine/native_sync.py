@@ -13,13 +13,19 @@ or after (that deadlocks until a timeout):
 - the update (vLLM ``/update_weights``, SGLang ``/update_weights_from_distributed``) returns once every
   tensor is received and loaded, which needs the trainer broadcasting them (``send``).
 
-Wire order and packing. Both servers, unpacked, receive one broadcast per tensor from rank 0, in the order
-of ``names``, each of exactly its dtype and shape (vLLM: ``NCCLWeightTransferEngine.receive_weights`` with
-``packed`` false; SGLang: ``update_weights_from_distributed`` without a ``load_format``). The bodies here
-list ``state`` in its iteration order and `broadcast_each` sends ``state.values()`` in that order, so a
-``send`` built on it agrees with the body. vLLM's packed mode (several tensors per broadcast, buffer sizes
-agreed at init or in the server's ``--weight-transfer-config``) and SGLang's ``flattened_bucket`` are not
-used: where a vLLM release defaults to packed, start it with ``"packed": false`` in that config.
+Wire order and packing. Unbucketed, both servers receive one broadcast per tensor from rank 0, in the
+order of ``names``, each of exactly its dtype and shape (vLLM: ``NCCLWeightTransferEngine.receive_weights``
+with ``packed`` false; SGLang: ``update_weights_from_distributed`` without a ``load_format``): the bodies
+list ``state`` in its iteration order and `broadcast_each` sends ``state.values()`` in that order.
+Bucketed (``bucket_bytes``; `sao.engine.native_buckets` has the layouts and the servers' rules), the
+tensors travel as flat byte buckets, one broadcast each (`sao.engine.native_buckets.send_buckets`):
+vLLM is told at init (``init_info.packed`` and ``packed_buffer_size_bytes``: vLLM 0.33's
+``NCCLWeightTransferInitInfo`` in ``vllm/distributed/weight_transfer/nccl_common.py``; some earlier
+releases took them in ``update_info`` instead, `vllm_update_body`'s ``extra``) and takes the whole push in
+one ``/update_weights``, deriving the chunks itself; SGLang takes one
+``/update_weights_from_distributed`` per bucket with ``load_format: "flattened_bucket"`` (one broadcast
+per request), sent one after the other while ``send`` broadcasts the buckets in the same order (the
+broadcast of bucket k+1 waits in the group until the server's request k+1 arrives).
 
 The group. SGLang's workers join a torch process group, whose trainer end is `open_sync_group` with
 ``backend="nccl"`` and the same ``group_name`` (same store layout; SGLang also takes ``backend="gloo"``, but
@@ -50,6 +56,7 @@ import torch
 from torch import Tensor
 
 from sao.engine.http_protocol import ServerError, error_message
+from sao.engine.native_buckets import misaligned, plan_buckets, tensor_spec_list
 
 __all__ = [
     "Broadcaster",
@@ -144,10 +151,12 @@ def sglang_update_body(
     group_name: str = SGLANG_GROUP,
     weight_version: str | None = None,
     flush_cache: bool = False,
+    load_format: str | None = None,
 ) -> dict[str, Any]:
     """Body of SGLang's ``POST /update_weights_from_distributed`` (``UpdateWeightsFromDistributedReqInput``).
     ``flush_cache`` false keeps the KV of requests paused in place (a flush would drop it); nothing is
-    aborted. Raises ValueError if the three lists differ in length."""
+    aborted. ``load_format="flattened_bucket"``: the tensors come as one flat byte buffer, one broadcast.
+    Raises ValueError if the three lists differ in length."""
     if not len(names) == len(dtypes) == len(shapes):
         raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes")
     body: dict[str, Any] = {
@@ -160,6 +169,8 @@ def sglang_update_body(
     }
     if weight_version is not None:
         body["weight_version"] = weight_version
+    if load_format is not None:
+        body["load_format"] = load_format
     return body
 
 
@@ -201,6 +212,11 @@ async def _post_checked(
 ) -> httpx.Response:
     """POST; `ServerError` (with the status) unless 200 and, for a body with ``success``, success."""
     response = await client.post(url, timeout=timeout_s, **kwargs)
+    return _check_answer(response, url, what)
+
+
+def _check_answer(response: httpx.Response, url: str, what: str) -> httpx.Response:
+    """``response`` unless it is not 200 or, for a body with ``success``, not a success (`ServerError`)."""
     if response.status_code != 200:
         message = error_message(response.text)
         raise ServerError(f"{url} ({what}) failed ({response.status_code}): {message}", response.status_code)
@@ -222,12 +238,18 @@ async def init_vllm_native(
     master_port: int,
     rank_offset: int,
     world_size: int,
+    bucket_bytes: int | None = None,
     init_extra: Mapping[str, Any] | None = None,
     timeout_s: float = 600.0,
 ) -> T:
     """``POST /init_weight_transfer_engine`` to the vLLM server at ``base_url`` concurrently with ``join()``
-    (the trainer joining the same group as rank 0); return what ``join`` returns. Raises `ServerError`."""
-    body = vllm_init_body(master_address, master_port, rank_offset, world_size, **(init_extra or {}))
+    (the trainer joining the same group as rank 0); return what ``join`` returns. ``bucket_bytes``: every
+    later push of this group is packed (``packed: true``, ``packed_buffer_size_bytes``). Raises
+    `ServerError`."""
+    extra = dict(init_extra or {})
+    if bucket_bytes is not None:
+        extra.update(packed=True, packed_buffer_size_bytes=int(bucket_bytes))
+    body = vllm_init_body(master_address, master_port, rank_offset, world_size, **extra)
     url = base_url.rstrip("/") + "/init_weight_transfer_engine"
     return await _init_concurrently(client, url, body, "vLLM weight transfer init", join, timeout_s)
 
@@ -295,22 +317,34 @@ async def push_vllm_native(
     *,
     weight_version: str | None = None,
     update_extra: Mapping[str, Any] | None = None,
+    bucket_bytes: int | None = None,
     on_paused: Callable[[], Any] | None = None,
     on_loaded: Callable[[], Any] | None = None,
     timeout_s: float = 600.0,
 ) -> None:
     """Load ``state`` (engine names; only its names, dtypes and shapes are read) into the vLLM server at
-    ``base_url`` while ``send()`` broadcasts the same tensors (`broadcast_each`).
+    ``base_url`` while ``send()`` broadcasts the same tensors: one per tensor (`broadcast_each`), or, in a
+    group initialized packed with ``bucket_bytes`` (`init_vllm_native`), in vLLM's chunks (``send`` is
+    `sao.engine.native_buckets.send_buckets` over ``plan_buckets(..., "vllm")``; the body is the same).
 
     Order: ``POST /pause?mode=keep`` (requests freeze in the scheduler, none aborted), ``on_paused()``,
     ``POST /start_weight_update`` (``is_checkpoint_format``: checkpoint names and layout, loaded layer by
     layer), ``POST /update_weights`` concurrently with ``send()``, ``POST /finish_weight_update`` (per-layer
     post-processing; ``weight_version``), ``on_loaded()`` (still paused; sync or async), and always
     ``POST /resume``. Needs ``VLLM_SERVER_DEV_MODE=1`` on the server. Raises `ServerError` or ``send``'s
-    error (see the module docstring).
+    error (see the module docstring); ValueError, before any request, when a packed tensor would sit at a
+    byte offset vLLM cannot view (`sao.engine.native_buckets.misaligned`).
     """
     base = base_url.rstrip("/")
     names, dtypes, shapes = tensor_specs(state)
+    if bucket_bytes is not None:
+        specs = tensor_spec_list(state)
+        bad = misaligned(specs, plan_buckets(specs, bucket_bytes, "vllm"))
+        if bad:
+            raise ValueError(
+                f"packed transfer: {bad[0]!r} (and {len(bad) - 1} more) would sit at a byte offset that is "
+                "not a multiple of its item size; push in one dtype"
+            )
     update = vllm_update_body(names, dtypes, shapes, **(update_extra or {}))
 
     async def steps() -> None:
@@ -332,6 +366,33 @@ async def push_vllm_native(
     await _then_always(steps(), _post_checked(client, f"{base}/resume", "vLLM resume", timeout_s))
 
 
+def _sglang_update_bodies(
+    state: Mapping[str, Tensor],
+    group_name: str,
+    weight_version: str | None,
+    flush_cache: bool,
+    bucket_bytes: int | None,
+) -> list[dict[str, Any]]:
+    """The ``/update_weights_from_distributed`` bodies of one push: one for every tensor, or one per
+    bucket (``flattened_bucket``), the version and the flush on the last."""
+    specs = tensor_spec_list(state)
+    if bucket_bytes is None:
+        buckets, load_format = [range(len(specs))], None
+    else:
+        buckets, load_format = plan_buckets(specs, bucket_bytes, "sglang"), "flattened_bucket"
+    bodies = []
+    for k, bucket in enumerate(buckets):
+        last = k == len(buckets) - 1
+        part = [specs[i] for i in bucket]
+        body = sglang_update_body(
+            [s.name for s in part], [s.dtype for s in part], [list(s.shape) for s in part],
+            group_name=group_name, weight_version=weight_version if last else None,
+            flush_cache=flush_cache and last, load_format=load_format,
+        )  # fmt: skip
+        bodies.append(body)
+    return bodies
+
+
 async def push_sglang_native(
     client: httpx.AsyncClient,
     base_url: str,
@@ -343,25 +404,42 @@ async def push_sglang_native(
     mode: str = "in_place",
     flush_cache: bool = False,
     pause: bool = True,
+    bucket_bytes: int | None = None,
     on_paused: Callable[[], Any] | None = None,
     on_loaded: Callable[[], Any] | None = None,
     timeout_s: float = 600.0,
 ) -> None:
     """Load ``state`` (engine names; only its names, dtypes and shapes are read) into the SGLang server at
-    ``base_url`` while ``send()`` broadcasts the same tensors (`broadcast_each`) in group ``group_name``.
+    ``base_url`` while ``send()`` broadcasts the same tensors in group ``group_name``: one per tensor
+    (`broadcast_each`), or with ``bucket_bytes`` one flat buffer per bucket of ``plan_buckets(...,
+    "sglang")`` (`sao.engine.native_buckets.send_buckets`), one request per bucket in order,
+    ``weight_version`` and ``flush_cache`` on the last one only.
 
     Order: ``POST /pause_generation`` with ``mode`` (``"in_place"``: requests keep their KV;
     ``"retract"``: they are re-prefilled, and then ``flush_cache`` may be true), ``on_paused()``,
-    ``POST /update_weights_from_distributed`` concurrently with ``send()``, ``on_loaded()`` (still paused),
+    ``POST /begin_weight_update`` (the session SGLang 0.5.23 requires around distributed loads; skipped on a
+    server without it, 404), ``POST /update_weights_from_distributed`` (each bucket's) concurrently with
+    ``send()``, always ``POST /end_weight_update`` after a begun session, ``on_loaded()`` (still paused),
     and always ``POST /continue_generation``. ``pause=False`` skips pause and continue (servers before
     0.5.6, whose pause aborts everything). Raises `ServerError` (also for ``success: false``) or ``send``'s
     error (see the module docstring).
     """
     base = base_url.rstrip("/")
-    names, dtypes, shapes = tensor_specs(state)
-    body = sglang_update_body(
-        names, dtypes, shapes, group_name=group_name, weight_version=weight_version, flush_cache=flush_cache
-    )
+    bodies = _sglang_update_bodies(state, group_name, weight_version, flush_cache, bucket_bytes)
+    url = f"{base}/update_weights_from_distributed"
+
+    async def loads() -> None:
+        for body in bodies:
+            await _post_checked(client, url, "SGLang update", timeout_s, json=body)
+
+    async def updates() -> None:
+        begin = await client.post(f"{base}/begin_weight_update", json={}, timeout=timeout_s)
+        if begin.status_code == 404:  # a server before update sessions
+            await loads()
+            return
+        _check_answer(begin, f"{base}/begin_weight_update", "SGLang begin")
+        end = _post_checked(client, f"{base}/end_weight_update", "SGLang end", timeout_s, json={})
+        await _then_always(loads(), end)
 
     async def steps() -> None:
         if pause:
@@ -369,8 +447,7 @@ async def push_sglang_native(
                 client, f"{base}/pause_generation", "SGLang pause", timeout_s, json={"mode": mode}
             )
         await _maybe(on_paused)
-        url = f"{base}/update_weights_from_distributed"
-        await run_concurrently(_post_checked(client, url, "SGLang update", timeout_s, json=body), send)
+        await run_concurrently(updates(), send)
         await _maybe(on_loaded)
 
     if not pause:
