@@ -49,6 +49,7 @@ _TIMING = (
     "time",
     "throughput/",
     "runtime/weight_push_s",
+    "weight_sync/probe_s",
     "runtime/trainer_idle_frac",
     "runtime/engine_idle_frac",
     "runtime/wait_s",  # seconds, and occupancy sampled at a moment: not training results

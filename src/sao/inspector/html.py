@@ -30,6 +30,7 @@ _TEMPLATE = """<!doctype html>
 <div class="meta">{meta}</div>
 {skipped}
 </header>
+<details id="weight-checks" class="checks" hidden></details>
 <main>
 <section id="list">
 <div class="filters">
@@ -70,7 +71,7 @@ def _json_for_script(doc: dict[str, Any]) -> str:
 
 def render_html(doc: dict[str, Any]) -> str:
     """The report of view document ``doc`` (its ``title``, ``source``, ``kind``, ``meta``, ``trajectories``,
-    ``skipped``)."""
+    ``skipped``, and a run's ``weight_checks``: shown as the "weight sync" panel above the list)."""
     meta = doc.get("meta") or {}
     parts = [f"{label} {meta[key]}" for key, label in _META_LABELS if meta.get(key) is not None]
     parts.insert(0, str(doc.get("source", "")))

@@ -1,7 +1,9 @@
 """What `sao inspect` can open, read into one view document: ``{"title", "source", "kind", "meta",
 "trajectories": [record, …]}`` (records: `sao.inspector.records`).
 
-* a run directory with kept trajectories (``RUN_DIR/inspect/``, ``logging.inspect_every``): kind "train";
+* a run directory with kept trajectories (``RUN_DIR/inspect/``, ``logging.inspect_every``): kind "train",
+  with the run's weight checks (push probe, lag-0 mismatch: `sao.inspector.checks`) as ``weight_checks``
+  when its metrics hold them (a run directory with those checks and no kept trajectories opens too);
 * a JSONL file of trajectories (`sao serve --out`, `sao.types.save_jsonl`): kind "trajectory";
 * an evaluation report with transcripts (`sao eval --transcripts --out`): kind "eval", one record per
   sample.
@@ -20,6 +22,7 @@ from typing import Any
 
 from sao.types import Trajectory, TrajectoryError
 
+from .checks import weight_checks_view
 from .records import trajectory_record
 from .store import INSPECT_DIR, read_step_files
 
@@ -42,7 +45,12 @@ def _load_tokenizer(name: str | os.PathLike[str] | None, why: str) -> Any:
 
 
 def _run_dir(path: Path, step: int | None) -> dict[str, Any]:
+    checks = weight_checks_view(path)
     if not (path / INSPECT_DIR).is_dir():
+        if checks is not None and step is None:  # the weight checks alone
+            return {"title": f"{path.name}: weight sync checks (no kept trajectories)", "kind": "train",
+                    "meta": {"name": path.name}, "trajectories": [], "skipped": [],
+                    "weight_checks": checks}  # fmt: skip
         raise InspectSourceError(
             f"{path}: no kept trajectories in {path / INSPECT_DIR} (train with logging.inspect_every=N)"
         )
@@ -53,8 +61,11 @@ def _run_dir(path: Path, step: int | None) -> dict[str, Any]:
     meta = dict(docs[-1].get("meta") or {})
     trajectories = [t for doc in docs for t in doc["trajectories"]]
     name = meta.get("name") or path.name
-    return {"title": f"{name}: {len(trajectories)} kept trajectories of {len(docs)} steps", "kind": "train",
-            "meta": meta, "trajectories": trajectories, "skipped": []}  # fmt: skip
+    doc = {"title": f"{name}: {len(trajectories)} kept trajectories of {len(docs)} steps", "kind": "train",
+           "meta": meta, "trajectories": trajectories, "skipped": []}  # fmt: skip
+    if checks is not None:
+        doc["weight_checks"] = checks
+    return doc
 
 
 def _jsonl(path: Path, tokenizer: Any) -> dict[str, Any]:

@@ -1,11 +1,15 @@
 """Per-batch work of a run, each piece an explicit observer of the trained step (in the order listed):
 
 1. `WeightPush` — the new weights to the engine, without aborting in-flight episodes;
-2. `Books` — the staleness books and the episode sources learn that the batch was trained; runtime
+2. `WeightChecks` (`sao.runtime.weight_checks`) — the push probe's per-replica log-prob differences and the
+   lag-0 mismatch drift alarm, added to the step's metrics (before the books free capacity, so no
+   episode starts between the push and the checkpoint in sync mode);
+3. `Books` — the staleness books and the episode sources learn that the batch was trained; runtime
    metrics (throughput, idle fractions, queue size, trajectory counts, policy version, gateway sessions);
-3. `MetricsLog` — the step's metrics to the sinks and the progress display;
-4. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
-5. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
+4. `MetricsLog` — the step's metrics to the sinks and the progress display; then the checks' verdict (a
+   failed probe or a drift alarm with ``action: error`` stops the run, the failing step logged first);
+5. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
+6. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
 
 An observer gets the `StepRecord` (step, version, trajectories, timings, metrics it may add to) and the
 run's shared objects from its constructor; none reads the config.

@@ -84,6 +84,7 @@ from sao.algos import (
     update_advantage_state,
     value_loss,
 )
+from sao.algos.mismatch import lag0_mismatch_metrics
 from sao.algos.packed import segment_count, segment_sum
 from sao.config import AlgoConfig, CriticConfig, TrainerConfig
 from sao.models.forward import token_logprobs, token_values
@@ -365,7 +366,7 @@ class Trainer:
         actor_trains = not self.critic_warming_up
         updated = False
         if actor_trains:
-            actor_metrics, updated = self._actor_phase(batch, step, values)
+            actor_metrics, updated = self._actor_phase(batch, step, values, policy_version)
             metrics.update(actor_metrics)
             # a skipped step advances the schedule too: it follows the step budget
             _advance(self.actor_sched, not updated)
@@ -481,7 +482,7 @@ class Trainer:
         return values, metrics
 
     def _actor_phase(
-        self, batch: Batch, step: StepShard, values: Tensor | None
+        self, batch: Batch, step: StepShard, values: Tensor | None, policy_version: int
     ) -> tuple[dict[str, float], bool]:
         """Steps 4–6: policy advantages, one actor optimizer step over the micro-batches, the estimator's
         state update. Returns the metrics and whether the step was applied (False: skipped, non-finite)."""
@@ -565,6 +566,10 @@ class Trainer:
         if self._capture is not None:
             self._capture_actor(step, result.advantages, fresh_logprobs, entropies, whole_reference)
         metrics = acc.means(self.collective)
+        # engine vs trainer log-probs on the tokens sampled at the weights this forward used (lag 0)
+        fresh = step.gather(torch.cat(fresh_logprobs))
+        metrics.update(lag0_mismatch_metrics(fresh, batch.rollout_logprobs, batch.versions, batch.action_mask,
+                                             policy_version))  # fmt: skip
         metrics.update({k: float(v) for k, v in result.metrics.items()})
         metrics.update(
             {

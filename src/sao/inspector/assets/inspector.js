@@ -329,7 +329,108 @@
     tip.style.left = `${x}px`; tip.style.top = `${y}px`;
   }
 
+  // ---- the run's weight checks: push probe per replica over versions, lag-0 mismatch over steps -------
+  const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#0891b2", "#db2777", "#4b5563"];
+  function lineChart(series, threshold, xLabel) {
+    const w = 460, h = 120, left = 46, right = 8, top = 6, bottom = 18, ns = "http://www.w3.org/2000/svg";
+    const pts = series.flatMap((s) => s.pts);
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("width", w); svg.setAttribute("height", h); svg.setAttribute("class", "chart");
+    if (!pts.length) return svg;
+    const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]).concat(threshold === null ? [] : [threshold]);
+    const x0 = Math.min(...xs), x1 = Math.max(...xs), y1 = Math.max(...ys, 1e-12);
+    const x = (v) => left + (x1 > x0 ? (v - x0) / (x1 - x0) : 0.5) * (w - left - right);
+    const y = (v) => top + (1 - Math.min(v, y1) / y1) * (h - top - bottom);
+    const add = (tag, attrs, text) => {
+      const node = document.createElementNS(ns, tag);
+      for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+      if (text !== undefined) node.textContent = text;
+      svg.append(node);
+    };
+    add("rect", { x: left, y: top, width: w - left - right, height: h - top - bottom, fill: "none", stroke: "#d1d5db" });
+    add("text", { x: left - 4, y: top + 9, "text-anchor": "end", class: "axis" }, fmt(y1, 3));
+    add("text", { x: left - 4, y: h - bottom, "text-anchor": "end", class: "axis" }, "0");
+    add("text", { x: left, y: h - 4, class: "axis" }, `${xLabel} ${x0}`);
+    add("text", { x: w - right, y: h - 4, "text-anchor": "end", class: "axis" }, String(x1));
+    if (threshold !== null) add("line", { x1: left, x2: w - right, y1: y(threshold), y2: y(threshold), stroke: "#b91c1c", "stroke-dasharray": "4 3" });
+    for (const s of series) {
+      if (!s.pts.length) continue;
+      add("polyline", { points: s.pts.map((p) => `${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join(" "), fill: "none", stroke: s.colour, "stroke-width": "1.5" });
+      for (const p of s.pts) add("circle", { cx: x(p[0]).toFixed(1), cy: y(p[1]).toFixed(1), r: "1.8", fill: s.colour });
+    }
+    return svg;
+  }
+  function key(series, extra) {
+    return el("div", { class: "chart-key" }, ...series.map((s) => el("span", { style: `color:${s.colour}`, text: "\u25A0 " + s.name })), ...(extra ? [el("span", { text: extra })] : []));
+  }
+  function probePanel(wc, threshold) {
+    const num = (v) => (typeof v === "number" ? v : null);
+    let failing = 0;
+    const head = el("tr", {}, ...["replica", "pushes checked", "last version", "last mean |Δ|", "worst mean |Δ|", "at version", "worst max |Δ|", "over threshold"].map((t, i) => el("th", { class: i ? "" : "left", text: t })));
+    const body = el("tbody");
+    const series = [];
+    wc.replicas.forEach((name, i) => {
+      const pts = wc.probe.filter((p) => num(p.mean[name]) !== null);
+      const last = pts[pts.length - 1];
+      let worst = null;
+      for (const p of pts) if (worst === null || p.mean[name] > worst.mean[name]) worst = p;
+      const maxes = pts.map((p) => num(p.max[name])).filter((v) => v !== null);
+      const over = threshold === null ? null : pts.filter((p) => p.mean[name] > threshold).length;
+      failing += over || 0;
+      body.append(el("tr", { class: over ? "check-failed" : "", "data-replica": name },
+        ...[name, pts.length, last && last.version, last && last.mean[name], worst && worst.mean[name], worst && worst.version, maxes.length ? Math.max(...maxes) : null, over]
+          .map((v, j) => el("td", { class: j ? "" : "left", text: fmt(v, 3) }))));
+      series.push({ name, colour: PALETTE[i % PALETTE.length], pts: pts.map((p) => [p.version ?? p.step, p.mean[name]]) });
+    });
+    const note = threshold === null ? "" : `threshold ${fmt(threshold)} (dashed)`;
+    const node = el("div", { class: "check-block", id: "probe-panel" },
+      el("h3", { text: "push probe: mean |log p_engine − log p_trainer| per replica, by pushed version" }),
+      el("table", { id: "probe-table" }, el("thead", {}, head), body), lineChart(series, threshold, "version"), key(series, note));
+    return { node, failing };
+  }
+  function mismatchPanel(wc, drift) {
+    const rows = wc.mismatch.filter((m) => typeof m.abs_diff === "number");
+    const ratios = wc.mismatch.filter((m) => typeof m.drift_ratio === "number");
+    const lastRatio = ratios.length ? ratios[ratios.length - 1].drift_ratio : null;
+    const facts = [["steps with lag-0 tokens", rows.length], ["first mean |Δ|", rows.length ? rows[0].abs_diff : null],
+      ["last mean |Δ|", rows.length ? rows[rows.length - 1].abs_diff : null], ["max mean |Δ|", rows.length ? Math.max(...rows.map((m) => m.abs_diff)) : null],
+      ["last k3 KL", rows.length ? rows[rows.length - 1].k3 : null], ["drift ratio", lastRatio], ["alarm factor", drift.factor ?? null]];
+    const summary = el("div", { class: "summary", id: "mismatch-summary" });
+    for (const [k, v] of facts) if (v !== null && v !== undefined) summary.append(el("span", {}, el("b", { text: k + ": " }), fmt(v, 3)));
+    const series = [{ name: "mean |Δ log-prob|", colour: "#2563eb", pts: rows.map((m) => [m.step, m.abs_diff]) },
+      { name: "k3 KL", colour: "#ea580c", pts: rows.filter((m) => typeof m.k3 === "number").map((m) => [m.step, m.k3]) }];
+    const drifting = lastRatio !== null && typeof drift.factor === "number" && lastRatio > drift.factor;
+    const node = el("div", { class: "check-block", id: "mismatch-panel" },
+      el("h3", { text: "lag-0 mismatch: engine vs trainer log-probs on tokens sampled at the trainer's version, by step" }),
+      summary, lineChart(series, null, "step"), key(series));
+    return { node, drifting };
+  }
+  function renderChecks() {
+    const wc = DOC.weight_checks, box = $("#weight-checks");
+    if (!wc) return;
+    const pc = wc.push_check || {}, drift = wc.mismatch_drift || {};
+    const threshold = typeof pc.threshold === "number" ? pc.threshold : null;
+    const parts = [], notes = [];
+    let alarm = false;
+    if (wc.probe.length) {
+      const p = probePanel(wc, threshold);
+      parts.push(p.node);
+      notes.push(`${wc.probe.length} pushes probed on ${wc.replicas.length} replica(s)` + (p.failing ? `, ${p.failing} over the threshold` : ""));
+      alarm = alarm || p.failing > 0;
+    }
+    if (wc.mismatch.length) {
+      const m = mismatchPanel(wc, drift);
+      parts.push(m.node);
+      notes.push(`lag-0 mismatch over ${wc.mismatch.length} steps` + (m.drifting ? ", drifting" : ""));
+      alarm = alarm || m.drifting;
+    }
+    box.replaceChildren(el("summary", { class: alarm ? "alarm" : "", text: "weight sync: " + notes.join(" · ") }), ...parts);
+    box.hidden = false;
+    if (alarm) box.open = true;
+  }
+
   // ---- start ---------------------------------------------------------------------------------------
+  renderChecks();
   setupFilters();
   const m = /t=(\d+)/.exec(location.hash);
   if (m && +m[1] < TRAJS.length) selected = +m[1];
