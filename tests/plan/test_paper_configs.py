@@ -109,10 +109,12 @@ def test_paper_config_runs_qwen3_moe_on_a_joined_ray_cluster_with_server_engines
     assert cfg.engine.backend in ("vllm", "sglang")
     assert cfg.runtime.resolved_weight_sync(cfg.engine.backend) == "disk"
     assert cfg.cluster.trainer_gpus >= 1 and cfg.cluster.engine_gpus >= 1
-    if cfg.engine.backend == "vllm":  # the servers' context limit is the trajectory budget
-        args = cfg.engine.server_args
-        assert args[args.index("--max-model-len") + 1] == str(cfg.data.max_total_tokens)
-        assert args[args.index("--tensor-parallel-size") + 1] == f"{cfg.cluster.engine_gpus:g}"
+    # The servers' context limit is the trajectory budget and a replica's GPUs its tensor-parallel size,
+    # both derived from the config (engine.max_model_len, cluster.engine_gpus), not given as server flags.
+    args = cfg.engine.server_args
+    assert "--max-model-len" not in args and "--tensor-parallel-size" not in args
+    assert cfg.engine.max_model_len in (None, cfg.data.max_total_tokens)
+    assert cfg.cluster.engine_gpus == int(cfg.cluster.engine_gpus)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,15 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
     "engine.python": (["engine.backend=vllm"], "/opt/venv/bin/python"),
     "engine.attach": (["engine.backend=vllm"], "http://127.0.0.1:9"),
     "engine.server_args": (["engine.backend=vllm"], ["--enforce-eager"]),
+    "engine.enforce_eager": (["engine.backend=vllm"], True),
+    "engine.max_model_len": (["engine.backend=vllm"], 32768),
+    "engine.gpu_memory_fraction": (["engine.backend=vllm"], 0.5),
+    "engine.prefix_caching": ([], False),
+    "engine.prefix_cache_tokens": ([], 128),
+    "model.rope_scaling": (
+        [],
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4096},
+    ),
     "critic.freeze": ([], "none"),
     "algo.lam_policy": ([], 0.5),
     "data.env_kwargs": ([], {"turns": 2}),
@@ -34,6 +43,7 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
     "critic.pretrain.enabled": ([], False),  # null follows the preset, which pretrains
     "runtime.backend": ([], "ray"),
     "runtime.weight_sync": (["runtime.backend=ray"], "object_store"),
+    "runtime.weight_bucket_mb": (["runtime.backend=ray"], 256),
     "cluster.address": (["runtime.backend=ray"], "auto"),
     "cluster.num_cpus": (["runtime.backend=ray"], 8.0),
     "cluster.num_gpus": (["runtime.backend=ray"], 0),

@@ -312,7 +312,11 @@ def test_a_reward_may_come_from_the_runs_verifier(tiny_moe_dir, tiny_tokenizer):
 
 def test_a_weight_update_mid_session_switches_versions_and_the_session_goes_on(tiny_moe_dir, tiny_tokenizer):
     async def main():
-        engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=4)
+        # No KV kept across turns: the second turn re-encodes the history with the new weights, so its
+        # log-probs are the new weights' teacher-forced ones (a kept prefix is tested in test_prefix_cache).
+        engine = LocalEngine(
+            tiny_moe_dir, device="cpu", dtype="float32", max_running=4, prefix_cache_tokens=0
+        )
         hooks = Hooks()
         _, client = _serve(engine, tiny_tokenizer, hooks=hooks)
         user = [{"role": "user", "content": "What is 5 + 5?"}]

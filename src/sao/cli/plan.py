@@ -173,8 +173,13 @@ def plan_command(
     mode: Annotated[str, Opt(help="sync, async or both.")] = "both",
     colocated: Annotated[bool, Opt(help="Sync mode on one pool time-shared by engines and trainer.")] = False,
     prefix_cache: Annotated[
-        bool, Opt(help="Engines cache earlier turns' KV (a turn prefills only its new tokens); sao's do not.")
-    ] = False,
+        bool | None,
+        Opt(
+            "--prefix-cache/--no-prefix-cache",
+            help="Engines keep an episode's earlier turns' KV (a turn prefills only its new tokens); "
+            "default: the config's engine (sao's engines keep it unless engine.prefix_caching is off).",
+        ),
+    ] = None,
     steps: Annotated[int, Opt(help="Trainer steps simulated.")] = 12,
     warmup: Annotated[int, Opt(help="Steps left out of the measurement.")] = 2,
     seed: Annotated[int, Opt(help="Workload sampling seed.")] = 0,
@@ -195,7 +200,9 @@ def plan_command(
     except (ConfigError, ValueError) as err:  # e.g. model.path not written yet: the model below still runs
         resources, resources_error = None, str(err)
     inputs = config_inputs(cfg)
-    inputs = dataclasses.replace(inputs, policy=dataclasses.replace(inputs.policy, prefix_cache=prefix_cache))
+    if prefix_cache is not None:
+        policy = dataclasses.replace(inputs.policy, prefix_cache=prefix_cache)
+        inputs = dataclasses.replace(inputs, policy=policy)
     flags = {
         "t0_s": engine_t0,
         "t1_s": engine_t1,

@@ -80,6 +80,21 @@ class ModelConfig(_Section):
     device: str = Field(
         "auto", description="'auto' (cuda if available, else cpu), 'cpu', 'cuda' or 'cuda:N'."
     )
+    rope_scaling: dict[str, Any] | None = Field(
+        None,
+        description="RoPE scaling as Hugging Face's rope_scaling dict, e.g. {rope_type: yarn, factor: 4.0, "
+        "original_max_position_embeddings: 32768}; merged into the checkpoint's rope parameters (keeping its "
+        "rope_theta) in one derived checkpoint that the trainer, the local engine and launched vLLM / SGLang "
+        "servers all load (servers also get it as --hf-overrides / --json-model-override-args). null: the "
+        "checkpoint's own.",
+    )
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _rope_scaling_names_a_type(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and not isinstance(value.get("rope_type", value.get("type")), str):
+            raise ValueError("model.rope_scaling needs a rope_type, e.g. {rope_type: yarn, factor: 4.0, ...}")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelConfig:
@@ -183,6 +198,41 @@ class EngineConfig(_Section):
         description="Restarts of an engine process or server that died, with no trained step in between, "
         "before the run stops with a checkpoint (episodes lost in a crash are dropped as engine_crash).",
     )
+    enforce_eager: bool | None = Field(
+        None,
+        description="backend=vllm/sglang: run the server without CUDA graphs (vLLM --enforce-eager, SGLang "
+        "--disable-cuda-graph); null: on when the server has no GPU (runtime.backend=ray with "
+        "cluster.engine_gpus=0, or the local runtime with model.device resolving to cpu), off on GPU.",
+    )
+    max_model_len: int | None = Field(
+        None,
+        ge=1,
+        description="backend=vllm/sglang: the server's context limit in tokens (vLLM --max-model-len, SGLang "
+        "--context-length); null: data.max_total_tokens. A server whose limit is below data.max_total_tokens "
+        "is refused at start.",
+    )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="backend=vllm/sglang: share of the GPU's memory the server may use, weights and KV cache "
+        "(vLLM --gpu-memory-utilization, SGLang --mem-fraction-static); null: the server's default.",
+    )
+    prefix_cache_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="backend=local/process (and Ray LocalEngine replicas): KV positions each engine keeps "
+        "for the later turns of episodes (a finished turn's KV, taken by the next turn, which then prefills "
+        "only its new tokens); least recently kept evicted first; null: the engine's KV budget (65536).",
+    )
+    prefix_caching: bool = Field(
+        True,
+        description="Reuse an episode's earlier turns' KV. local/process: LocalEngine keeps it "
+        "(engine.prefix_cache_tokens). backend=vllm/sglang: the server's prefix cache (vLLM automatic "
+        "prefix caching, SGLang radix cache), reused across an episode's turns; requests are salted with "
+        "the weight version, so a request never reads KV computed by older weights than those it started "
+        "under. false: nothing kept (servers: --no-enable-prefix-caching / --disable-radix-cache).",
+    )
 
     @model_validator(mode="after")
     def _backend_options(self) -> EngineConfig:
@@ -194,7 +244,61 @@ class EngineConfig(_Section):
             raise ValueError(f"engine.{name} applies to backends 'vllm' and 'sglang', not {self.backend!r}")
         if self.attach and (self.python or self.server_args):
             raise ValueError("engine.attach uses a running server: engine.python and server_args are unused")
+        if self.prefix_cache_tokens is not None and self.backend not in ("local", "process"):
+            raise ValueError(
+                f"engine.prefix_cache_tokens applies to backends 'local' and 'process' (LocalEngine), not "
+                f"{self.backend!r}; a server sizes its own prefix cache"
+            )
+        if self.prefix_cache_tokens and not self.prefix_caching:
+            raise ValueError("engine.prefix_cache_tokens is set but engine.prefix_caching is false")
+        launch = [
+            k
+            for k in SERVER_LAUNCH_FLAGS
+            if k != "prefix_caching" and getattr(self, k) != type(self).model_fields[k].default
+        ]
+        if launch and self.backend not in ("vllm", "sglang"):
+            raise ValueError(
+                f"engine.{launch[0]} applies to backends 'vllm' and 'sglang', not {self.backend!r}"
+            )
+        if launch and self.attach:
+            raise ValueError(
+                f"engine.{launch[0]} sets how sao launches a server; engine.attach uses a running one"
+            )
+        if self.backend in ("vllm", "sglang"):
+            for key in SERVER_LAUNCH_FLAGS:
+                given = server_flag_given(self.server_args, SERVER_LAUNCH_FLAGS[key][self.backend])
+                explicit = key == "prefix_caching" or getattr(self, key) is not None
+                if given and explicit:
+                    raise ValueError(
+                        f"engine.{key} and engine.server_args both set the server's {given}: set it in "
+                        f"engine.{key} only"
+                    )
         return self
+
+
+# The server flags each launch key of `EngineConfig` sets, per backend (the config refuses a key given both
+# ways; tests/engine/test_launch_config.py checks the command builders emit exactly these flags).
+SERVER_LAUNCH_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "enforce_eager": {"vllm": ("--enforce-eager", "--no-enforce-eager"), "sglang": ("--disable-cuda-graph",)},
+    "max_model_len": {"vllm": ("--max-model-len",), "sglang": ("--context-length",)},
+    "gpu_memory_fraction": {"vllm": ("--gpu-memory-utilization",), "sglang": ("--mem-fraction-static",)},
+    "prefix_caching": {
+        "vllm": ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+        "sglang": ("--disable-radix-cache",),
+    },
+}
+# Set from cluster.engine_gpus and model.rope_scaling (cross-section: `RunConfig`).
+SERVER_TP_FLAGS = {"vllm": ("--tensor-parallel-size", "-tp"), "sglang": ("--tp-size", "--tp")}
+SERVER_OVERRIDE_FLAGS = {"vllm": ("--hf-overrides",), "sglang": ("--json-model-override-args",)}
+
+
+def server_flag_given(server_args: list[str] | tuple[str, ...], flags: tuple[str, ...]) -> str | None:
+    """The first of ``flags`` that ``server_args`` sets (``--flag value`` or ``--flag=value``), else None."""
+    for arg in server_args:
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            return name
+    return None
 
 
 class DataConfig(_Section):
@@ -384,6 +488,54 @@ class TrainerConfig(_Section):
     seed: int = Field(0, description="Training seed (torch, sampling).")
 
 
+class PushCheckConfig(_Section):
+    """After every weight push, each engine replica and the trainer score one fixed probe sequence
+    (teacher-forced log-probs, temperature 1) and are compared (docs/engine.md, push verification)."""
+
+    action: Literal["error", "warn", "none"] = Field(
+        "error",
+        description="A replica whose mean |Δ log-prob| on the probe exceeds the threshold: 'error' stops the "
+        "run with a checkpoint, naming the replica and the version; 'warn' logs it and trains on; 'none': no "
+        "probe.",
+    )
+    threshold: float = Field(
+        0.5,
+        gt=0,
+        description="Mean |log p_engine − log p_trainer| over the probe's tokens (nats) above which a push "
+        "failed. Same weights give ~1e-6 in fp32 and ~1e-2–1e-1 for a bf16 engine against an fp32 trainer; "
+        "wrong, partial or scrambled weights give >= 1.",
+    )
+    probe_tokens: int = Field(128, ge=2, le=8192, description="Length of the probe sequence in tokens.")
+    probe: Literal["vocab", "prompt"] = Field(
+        "vocab",
+        description="'vocab': token ids drawn from the tokenizer's vocabulary (special tokens excluded) with "
+        "trainer.seed; 'prompt': the first training task's rendered prompt, cut to probe_tokens.",
+    )
+
+
+class MismatchDriftConfig(_Section):
+    """An alarm when the per-step lag-0 mismatch between the engine's log-probs and the trainer's grows over
+    the run (docs/engine.md, mismatch metrics)."""
+
+    action: Literal["warn", "error", "none"] = Field(
+        "warn",
+        description="When the alarm fires: 'warn' logs it once (again only after it cleared); 'error' stops "
+        "the run with a checkpoint; 'none': no alarm (the metrics are logged either way).",
+    )
+    window: int = Field(
+        20, ge=1, description="Steps (with lag-0 tokens) in the early-run and in the recent mean."
+    )
+    factor: float = Field(
+        2.0, ge=1, description="The alarm fires when the recent mean exceeds factor x the early-run mean."
+    )
+    min_abs_diff: float = Field(
+        0.01,
+        ge=0,
+        description="...and exceeds this mean |Δ log-prob| (nats): a mismatch below it moves token ratios by "
+        "about 1 % on average, well inside the DIS band, whatever its growth.",
+    )
+
+
 class RuntimeConfig(_Section):
     """How producer and trainer are wired."""
 
@@ -412,18 +564,34 @@ class RuntimeConfig(_Section):
         "auto",
         description="How new weights reach the engines: 'inproc' (local runtime), 'object_store' (Ray's, "
         "small models), 'broadcast' (a process group of trainer rank 0 and the engine replicas, gloo/NCCL), "
-        "'disk' (a safetensors directory the engines reload). 'auto': inproc for local; for ray broadcast, "
-        "or disk with vLLM / SGLang server replicas. 'vllm' / 'sglang' (the servers' native NCCL transfer) "
-        "are refused until runs drive them.",
+        "'disk' (a safetensors directory the engines reload), 'vllm' / 'sglang' (trainer rank 0 into the "
+        "servers' own NCCL weight-transfer group, bucketed; needs engine.backend to match and GPUs on both "
+        "sides). 'auto': inproc for local; for ray broadcast with LocalEngine replicas, the servers' native "
+        "transfer with vLLM / SGLang replicas when cluster.engine_gpus and cluster.trainer_gpus are > 0, "
+        "else disk.",
+    )
+    weight_bucket_mb: int = Field(
+        512,
+        ge=1,
+        description="Bucket size (MiB) of pushes over a process group ('broadcast', 'vllm', 'sglang'): the "
+        "tensors travel packed in flat buffers of about this size, one broadcast each ('vllm': vLLM's packed "
+        "chunks, this size plus at most one tensor; 'sglang': one update request per bucket). Costs one "
+        "bucket of memory on the trainer's device and on each receiver's.",
+    )
+    weight_sync_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="Deadline of one weight push (and of its probe), whatever the path: a push still running "
+        "then stops the run with a checkpoint, naming the path, the replicas that did not confirm and the "
+        "version. The broadcast path falls back to the object store within it.",
+    )
+    push_check: PushCheckConfig = Field(default_factory=PushCheckConfig, description="Push verification.")
+    mismatch_drift: MismatchDriftConfig = Field(
+        default_factory=MismatchDriftConfig, description="The lag-0 mismatch drift alarm."
     )
 
     @model_validator(mode="after")
     def _sync_fits_backend(self) -> RuntimeConfig:
-        if self.weight_sync in ("vllm", "sglang"):
-            raise ValueError(
-                f"runtime.weight_sync={self.weight_sync!r}: the server's native NCCL weight transfer is not "
-                "driven by runs yet (sao.engine.native_sync has its requests); server replicas use 'disk'"
-            )
         if self.backend == "local" and self.weight_sync not in ("auto", "inproc"):
             raise ValueError(
                 f"runtime.weight_sync={self.weight_sync!r} applies to runtime.backend='ray'; the local "
@@ -431,21 +599,39 @@ class RuntimeConfig(_Section):
             )
         if self.backend == "ray" and self.weight_sync == "inproc":
             raise ValueError("runtime.weight_sync='inproc' needs runtime.backend='local'")
+        bucket_unused = self.backend == "local" or self.weight_sync in ("object_store", "disk")
+        if bucket_unused and self.weight_bucket_mb != type(self).model_fields["weight_bucket_mb"].default:
+            raise ValueError(
+                "runtime.weight_bucket_mb applies to pushes over a process group (runtime.backend='ray', "
+                f"runtime.weight_sync 'broadcast', 'vllm' or 'sglang'), not to {self.weight_sync!r} on "
+                f"{self.backend!r}"
+            )
         return self
 
-    def resolved_weight_sync(self, engine_backend: str = "local") -> str:
-        """``weight_sync`` with 'auto' resolved (`weight_sync_path`)."""
-        return weight_sync_path(self.weight_sync, self.backend, engine_backend)
+    def resolved_weight_sync(self, engine_backend: str = "local", cluster: Any = None) -> str:
+        """``weight_sync`` with 'auto' resolved (`weight_sync_path`); ``cluster``: the `ClusterConfig` whose
+        GPUs decide between the servers' native transfer and disk (None: as if no GPUs)."""
+        if cluster is None:
+            return weight_sync_path(self.weight_sync, self.backend, engine_backend)
+        gpus = {"engine_gpus": cluster.engine_gpus, "trainer_gpus": cluster.trainer_gpus}
+        return weight_sync_path(self.weight_sync, self.backend, engine_backend, **gpus)
 
 
-def weight_sync_path(setting: str, runtime_backend: str, engine_backend: str) -> str:
-    """``runtime.weight_sync`` with 'auto' resolved: inproc (local runtime), disk (ray with vLLM / SGLang
-    server replicas), broadcast (ray with LocalEngine replicas)."""
+def weight_sync_path(
+    setting: str, runtime_backend: str, engine_backend: str, *, engine_gpus: float = 0.0,
+    trainer_gpus: float = 0.0,
+) -> str:  # fmt: skip
+    """``runtime.weight_sync`` with 'auto' resolved: inproc (local runtime); for ray, broadcast with
+    LocalEngine replicas, with vLLM / SGLang server replicas their native NCCL transfer ('vllm' /
+    'sglang') when both the replicas (``engine_gpus``) and the trainer ranks (``trainer_gpus``) have GPUs,
+    else disk."""
     if setting != "auto":
         return setting
     if runtime_backend == "local":
         return "inproc"
-    return "disk" if engine_backend in ("vllm", "sglang") else "broadcast"
+    if engine_backend not in ("vllm", "sglang"):
+        return "broadcast"
+    return engine_backend if engine_gpus > 0 and trainer_gpus > 0 else "disk"
 
 
 class ClusterConfig(_Section):
@@ -640,6 +826,28 @@ class RunConfig(_Section):
                     )
         return self
 
+    def _server_sync_fits(self) -> None:
+        """runtime.weight_sync / weight_bucket_mb against vLLM / SGLang server replicas on ray."""
+        sync, server = self.runtime.weight_sync, self.engine.backend
+        if sync not in ("auto", "disk", server):
+            raise ValueError(
+                f"runtime.weight_sync={sync!r} with engine.backend={server!r} on ray: server replicas reload "
+                f"their weights from a directory ('disk') or take them over their native NCCL transfer "
+                f"({server!r})"
+            )
+        if sync == server and not (self.cluster.engine_gpus > 0 and self.cluster.trainer_gpus > 0):
+            raise ValueError(
+                f"runtime.weight_sync={sync!r} (NCCL) needs GPUs on both ends: cluster.engine_gpus "
+                f"({self.cluster.engine_gpus:g}) and cluster.trainer_gpus ({self.cluster.trainer_gpus:g}) > 0"
+            )
+        bucket_default = type(self.runtime).model_fields["weight_bucket_mb"].default
+        resolved = self.runtime.resolved_weight_sync(server, self.cluster)
+        if resolved == "disk" and self.runtime.weight_bucket_mb != bucket_default:
+            raise ValueError(
+                "runtime.weight_bucket_mb applies to pushes over a process group; here runtime.weight_sync "
+                f"resolves to 'disk' (engine.backend={server!r} without GPUs on both ends)"
+            )
+
     @model_validator(mode="after")
     def _cluster_fits_backend(self) -> RunConfig:
         if self.runtime.backend == "local":
@@ -660,12 +868,12 @@ class RunConfig(_Section):
                 raise ValueError(
                     "engine.attach: with runtime.backend='ray' every engine replica launches its own server"
                 )
-            if self.runtime.weight_sync not in ("auto", "disk"):
-                raise ValueError(
-                    f"runtime.weight_sync={self.runtime.weight_sync!r} with engine.backend="
-                    f"{self.engine.backend!r} on ray: server replicas reload their weights from a directory "
-                    "('disk'; their native NCCL transfer is not driven by runs yet)"
-                )
+            self._server_sync_fits()
+        elif self.runtime.weight_sync in ("vllm", "sglang"):
+            raise ValueError(
+                f"runtime.weight_sync={self.runtime.weight_sync!r} is the native transfer of "
+                f"{self.runtime.weight_sync} servers; engine.backend is {self.engine.backend!r}"
+            )
         if self.cluster.address is None:
             cpus = self.cluster.num_cpus if self.cluster.num_cpus is not None else float(os.cpu_count() or 1)
             available = {"CPU": cpus}
@@ -682,6 +890,45 @@ class RunConfig(_Section):
                 raise ValueError(
                     f"cluster.{local_only[0]} applies to a cluster sao starts itself; with cluster.address "
                     "the running cluster's own settings count"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _server_launch_fits_run(self) -> RunConfig:
+        """The engine's launch keys against the sections they meet: the episode budget, the replica's GPUs,
+        the model's rope scaling (each refusal names both keys)."""
+        engine, budget = self.engine, self.data.max_total_tokens
+        if engine.max_model_len is not None and engine.max_model_len < budget:
+            raise ValueError(
+                f"engine.max_model_len={engine.max_model_len} is below data.max_total_tokens={budget}: the "
+                "server would cut episodes short; raise engine.max_model_len or lower data.max_total_tokens"
+            )
+        if engine.backend not in ("vllm", "sglang"):
+            return self
+        if self.model.rope_scaling is not None:
+            if engine.attach:
+                raise ValueError(
+                    "model.rope_scaling with engine.attach: sao cannot give a running server the trainer's "
+                    "rope scaling; let sao launch the server (drop engine.attach)"
+                )
+            given = server_flag_given(engine.server_args, SERVER_OVERRIDE_FLAGS[engine.backend])
+            if given:
+                raise ValueError(
+                    f"model.rope_scaling and engine.server_args ({given}) both override the server's model "
+                    "config: set the rope scaling in model.rope_scaling only"
+                )
+        gpus = self.cluster.engine_gpus
+        if self.runtime.backend == "ray" and gpus > 1:
+            if gpus != int(gpus):
+                raise ValueError(
+                    f"cluster.engine_gpus={gpus:g}: a vLLM / SGLang replica on more than one GPU needs a "
+                    "whole number of them (its tensor-parallel size)"
+                )
+            given = server_flag_given(engine.server_args, SERVER_TP_FLAGS[engine.backend])
+            if given:
+                raise ValueError(
+                    f"cluster.engine_gpus={int(gpus)} and engine.server_args ({given}) both set the "
+                    "server's tensor-parallel size: set it with cluster.engine_gpus only"
                 )
         return self
 

@@ -290,6 +290,16 @@ class LocalEngine:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """Teacher-forced log-probs of ``token_ids[1:]`` (temperature 1) under the weights the engine holds
+        now: one forward in a worker thread beside the engine loop (`sao.engine.scoring.score_tokens`).
+        Raises ValueError for fewer than 2 ids or an id outside the vocabulary. Do not call it while an
+        update is being applied (the run scores between pushes)."""
+        from sao.engine.scoring import check_score_ids, score_tokens
+
+        ids = check_score_ids(token_ids, self.vocab_size)
+        return await asyncio.to_thread(score_tokens, self.model, ids)
+
     # ---------------------------------------------------------------------------------------- submission
 
     def _submit(self, request: Request) -> None:
@@ -331,7 +341,8 @@ class LocalEngine:
     def _loop_once(self) -> bool:
         with self._cond:
             if not self._has_work() and not self._closing:
-                self._cache.clear()
+                # The slot buffers stay allocated while idle: an episode's next turn arrives soon, and
+                # re-allocating (zeroing) them per turn costs time that grows with the context.
                 self._idle_since = time.perf_counter()
                 while not self._has_work() and not self._closing:
                     self._cond.wait()

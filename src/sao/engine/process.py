@@ -8,11 +8,12 @@ run truly in parallel, e.g. one CPU core each: the layout the paper and AReaL us
 Protocol. The child is ``python -m sao.engine.process_child FD`` (`sao.engine.process_child`); one private
 socket pair (a ``multiprocessing`` `Connection`) links them. Parent → child: ``("start", options, threads,
 logging)`` (logging: this process's transformers verbosity, copied by the child), ``("generate", rid,
-prompt, params)``, ``("cancel", rid)``, ``("update", rid, version, payload)``, ``("close",)``. Child →
-parent: ``("ready", info)`` or ``("failed", traceback)`` once at start, then ``("result", rid, Generation,
-stats)``, ``("invalid", rid, message, stats)``, ``("updated", rid, error, stats)`` and ``("closed",
-stats)``. The parent validates requests itself (`check_request`, with the vocabulary size and context limit
-the child reported) so an invalid request fails at once, without a round trip.
+prompt, params)``, ``("cancel", rid)``, ``("update", rid, version, payload)``, ``("score", rid,
+token_ids)``, ``("close",)``. Child → parent: ``("ready", info)`` or ``("failed", traceback)`` once at
+start, then ``("result", rid, Generation, stats)``, ``("invalid", rid, message, stats)``, ``("updated",
+rid, error, stats)``, ``("scored", rid, {"logprobs": [...]} or {"error": message}, stats)`` and
+``("closed", stats)``. The parent validates requests itself (`check_request`, with the vocabulary size and
+context limit the child reported) so an invalid request fails at once, without a round trip.
 
 Weights. A state dict crosses the pipe once as a few shared-memory buffers (`SharedWeights`: one flat
 memory-mapped CPU buffer per dtype; the tensors are views into them); later updates with the same names and
@@ -64,8 +65,9 @@ class ProcessEngine:
     """`InferenceEngine` running a `LocalEngine` in a spawned child process (see the module docstring).
 
     ``model_path`` and ``tokenizer`` are directories (the child loads them); ``device``, ``dtype``,
-    ``max_running``, ``max_kv_tokens``, ``max_model_len``, ``recompute_kv_on_update`` and ``seed`` are the
-    `LocalEngine` arguments; ``threads`` sets the child's torch intra-op threads (None: torch's default).
+    ``max_running``, ``max_kv_tokens``, ``max_model_len``, ``recompute_kv_on_update``, ``seed`` and
+    ``prefix_cache_tokens`` are the `LocalEngine` arguments; ``threads`` sets the child's torch intra-op
+    threads (None: torch's default).
     The constructor blocks until the child has loaded the model; it raises RuntimeError with the child's
     traceback if loading fails (a bad path, an unknown dtype) and TimeoutError after ``ready_timeout_s``.
     """
@@ -83,6 +85,7 @@ class ProcessEngine:
         recompute_kv_on_update: bool = False,
         seed: int = 0,
         threads: int | None = None,
+        prefix_cache_tokens: int | None = None,
         ready_timeout_s: float = _READY_TIMEOUT_S,
     ) -> None:
         options = dict(
@@ -90,6 +93,7 @@ class ProcessEngine:
             tokenizer=None if tokenizer is None else str(tokenizer),
             device=device, dtype=dtype, max_running=max_running, max_kv_tokens=max_kv_tokens,
             max_model_len=max_model_len, recompute_kv_on_update=recompute_kv_on_update, seed=seed,
+            prefix_cache_tokens=prefix_cache_tokens,
         )  # fmt: skip
         # A private socket pair (what multiprocessing.Pipe is), the child's end inherited by fd. A plain
         # subprocess rather than multiprocessing's spawn: spawn re-imports the caller's __main__ script.
@@ -111,7 +115,7 @@ class ProcessEngine:
         self._stats: dict[str, float] = dict(info["stats"])
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()  # guards _pending, _closed and _stats
-        # request id -> ("generate" | "update", how to resolve the caller's future)
+        # request id -> ("generate" | "update" | "score", how to resolve the caller's future)
         self._pending: dict[int, tuple[str, Callable[[Any], None]]] = {}
         self._ids = itertools.count()
         self._closed: str | None = None  # why new requests are refused ("abort" / "error: ...")
@@ -227,6 +231,29 @@ class ProcessEngine:
             raise RuntimeError("engine process is gone")
         return await future
 
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """The child engine's `LocalEngine.score` of ``token_ids``: ``len(token_ids) - 1`` teacher-forced
+        log-probs under the weights it holds now. Raises ValueError for invalid ids, RuntimeError if the
+        scoring failed in the child or the engine process is gone."""
+        from sao.engine.scoring import check_score_ids
+
+        ids = check_score_ids(token_ids, self.vocab_size)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        rid = next(self._ids)
+        with self._lock:
+            if self._closed is not None:
+                raise RuntimeError(f"engine process is closed ({self._closed})")
+            self._pending[rid] = ("score", threadsafe_setter(loop, future))
+        if not self._send(("score", rid, ids)):
+            with self._lock:
+                self._pending.pop(rid, None)
+            raise RuntimeError("engine process is gone")
+        answer = await future
+        if "error" in answer:
+            raise RuntimeError(f"engine process: scoring failed: {answer['error']}")
+        return list(answer["logprobs"])
+
     def stats(self) -> dict[str, float]:
         """The child engine's `LocalEngine.stats` as of its latest message, plus ``process_alive``."""
         with self._lock:
@@ -331,8 +358,8 @@ class ProcessEngine:
         with self._lock:
             pending, self._pending = self._pending, {}
         for kind, deliver in pending.values():
-            if kind == "update":
-                deliver(RuntimeError(error or "engine process closed before the update took effect"))
+            if kind in ("update", "score"):
+                deliver(RuntimeError(error or f"engine process closed before the {kind} took effect"))
             else:
                 deliver(_ended(f"error: {error}" if error else "abort"))
 

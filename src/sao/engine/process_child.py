@@ -112,6 +112,17 @@ async def _serve(conn: Connection, engine: Any) -> None:
             error = (type(err).__name__, str(err))
         send(("updated", rid, error, engine.stats()))
 
+    async def score(rid: int, token_ids: list[int]) -> None:
+        try:
+            answer: dict[str, Any] = {"logprobs": await engine.score(token_ids)}
+        except asyncio.CancelledError:
+            return
+        except Exception as err:
+            answer = {"error": f"{type(err).__name__}: {err}"}
+        finally:
+            tasks.pop(rid, None)
+        send(("scored", rid, answer, engine.stats()))
+
     while True:
         message = await inbox.get()
         kind = message[0]
@@ -123,6 +134,8 @@ async def _serve(conn: Connection, engine: Any) -> None:
                 task.cancel()
         elif kind == "update":
             await update(*message[1:])
+        elif kind == "score":  # a task, like a generation: scoring runs beside the engine loop
+            tasks[message[1]] = asyncio.create_task(score(*message[1:]))
         elif kind == "close":
             break
     await engine.close()  # pending requests finish with "abort" and are sent back

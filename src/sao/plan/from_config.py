@@ -45,6 +45,7 @@ def config_inputs(cfg: RunConfig) -> ConfigInputs:
         max_staleness=cfg.runtime.max_staleness,
         max_in_flight=cfg.runtime.max_in_flight,
         max_running=cfg.engine.max_concurrent,
+        prefix_cache=cfg.engine.prefix_caching,
     )
     critic_steps = cfg.algo.k_critic if cfg.algo.uses_critic else 0
     return ConfigInputs(

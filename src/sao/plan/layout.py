@@ -62,9 +62,9 @@ class Policy:
     count at each parameter sync) instead of after every trainer step.
 
     ``prefix_cache``: the engine keeps the KV of an episode's earlier turns, so a turn prefills only its new
-    tokens (the prompt, then each observation). False (the default) is what sao's engines do: `LocalEngine`
-    has no prefix cache and sao starts vLLM with ``--no-enable-prefix-caching``, so every turn is a new
-    request that prefills the whole context so far.
+    tokens (the prompt, then each observation), as sao's engines do with ``engine.prefix_caching`` on (its
+    default; `config_inputs` follows the config). False: every turn is a new request that prefills the whole
+    context so far (an engine without a prefix cache; the default here, for peers' engines).
     """
 
     mode: Mode

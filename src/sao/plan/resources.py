@@ -261,7 +261,7 @@ def resource_plan(
         max_total_tokens=cfg.data.max_total_tokens,
         kv_bytes_per_sequence=kv_sequence,
         weight_bytes=weight_bytes,
-        weight_sync=cfg.runtime.resolved_weight_sync(cfg.engine.backend),
+        weight_sync=cfg.runtime.resolved_weight_sync(cfg.engine.backend, cfg.cluster),
         gpu_memory_gib=gpu_memory_gib,
         engine_memory_fraction=engine_memory_fraction,
         sequences_per_replica=sequences,

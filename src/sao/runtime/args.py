@@ -3,7 +3,7 @@ them from the config sections; the consumption test compares them when a key cha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from sao.config import (
     ModelConfig,
     TrainerConfig,
 )
+from sao.config.schema import MismatchDriftConfig, PushCheckConfig
 from sao.eval import EvalSettings
 from sao.serve.hooks import SessionRules
 
@@ -32,12 +33,14 @@ __all__ = [
     "ModelArgs",
     "RunLogArgs",
     "SamplerArgs",
+    "ServerArgs",
     "SinkArgs",
     "StalenessArgs",
     "TaskArgs",
     "TokenizerArgs",
     "TrainerArgs",
     "ValuePretrainArgs",
+    "WeightCheckArgs",
 ]
 
 
@@ -79,6 +82,20 @@ class TokenizerArgs:
 
 
 @dataclass(frozen=True)
+class ServerArgs:
+    """How a vLLM / SGLang server is launched and checked at start: the engine's launch keys with what they
+    derive from (`sao.runtime.engines.server_settings` resolves them; docs/engine.md, launch keys)."""
+
+    episode_budget: int = 16384  # data.max_total_tokens: a server with a smaller context limit is refused
+    max_model_len: int | None = None  # engine.max_model_len (None: the budget, unless server_args set it)
+    enforce_eager: bool | None = None  # engine.enforce_eager (None: on when the server has no GPU)
+    gpu_memory_fraction: float | None = None  # engine.gpu_memory_fraction (None: the server's default)
+    prefix_caching: bool = True  # engine.prefix_caching
+    replica_gpus: float | None = None  # cluster.engine_gpus under runtime.backend=ray; None: local runtime
+    rope_scaling: dict[str, Any] | None = None  # model.rope_scaling
+
+
+@dataclass(frozen=True)
 class EngineArgs:
     backend: str
     device: str
@@ -90,6 +107,10 @@ class EngineArgs:
     attach: str | None = None
     server_args: tuple[str, ...] = ()
     max_restarts: int = 3
+    server: ServerArgs = field(default_factory=ServerArgs)
+    # LocalEngine's kept KV for later turns (engine.prefix_cache_tokens; 0 with engine.prefix_caching off;
+    # None: the engine's KV budget)
+    prefix_cache_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -208,7 +229,8 @@ class ClusterArgs:
     """The distributed runtime's placement (the whole cluster section) and its weight-sync path."""
 
     cluster: ClusterConfig
-    weight_sync: str  # runtime.weight_sync ('auto' is resolved with the engine backend: RayParts)
+    weight_sync: str  # runtime.weight_sync ('auto' is resolved with the engine backend and GPUs: RayParts)
+    weight_bucket_mb: int = 512  # runtime.weight_bucket_mb: bucket size of pushes over a process group
 
 
 @dataclass(frozen=True)
@@ -221,3 +243,14 @@ class GatewayArgs:
     group_size: int
     rules: SessionRules
     verifier_timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class WeightCheckArgs:
+    """Push verification, the lag-0 mismatch drift alarm and the weight-sync deadline
+    (`sao.runtime.weight_checks`); ``seed`` draws the vocabulary probe."""
+
+    push_check: PushCheckConfig
+    mismatch_drift: MismatchDriftConfig
+    timeout_s: float
+    seed: int

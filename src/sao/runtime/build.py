@@ -50,12 +50,14 @@ from .args import (
     ModelArgs,
     RunLogArgs,
     SamplerArgs,
+    ServerArgs,
     SinkArgs,
     StalenessArgs,
     TaskArgs,
     TokenizerArgs,
     TrainerArgs,
     ValuePretrainArgs,
+    WeightCheckArgs,
 )
 
 __all__ = [
@@ -90,11 +92,26 @@ def tokenizer_args(model: ModelConfig) -> TokenizerArgs:
     return TokenizerArgs(model.chat_template, model.enable_thinking)
 
 
-def engine_args(engine: EngineConfig, model: ModelConfig, trainer: TrainerConfig) -> EngineArgs:
+def engine_args(
+    engine: EngineConfig, model: ModelConfig, trainer: TrainerConfig, data: DataConfig,
+    cluster: ClusterConfig, runtime: RuntimeConfig,
+) -> EngineArgs:  # fmt: skip
+    server = ServerArgs(
+        data.max_total_tokens, engine.max_model_len, engine.enforce_eager, engine.gpu_memory_fraction,
+        engine.prefix_caching, cluster.engine_gpus if runtime.backend == "ray" else None, model.rope_scaling,
+    )  # fmt: skip
     return EngineArgs(
         engine.backend, model.device, engine.dtype, engine.max_concurrent, trainer.seed,
-        engine.threads, engine.python, engine.attach, tuple(engine.server_args), engine.max_restarts,
+        engine.threads, engine.python, engine.attach, tuple(engine.server_args), engine.max_restarts, server,
+        engine.prefix_cache_tokens if engine.prefix_caching else 0,
     )  # fmt: skip
+
+
+def weight_check_args(runtime: RuntimeConfig, trainer: TrainerConfig) -> WeightCheckArgs:
+    """Push verification, the mismatch drift alarm and the push deadline (`sao.runtime.weight_checks`)."""
+    return WeightCheckArgs(
+        runtime.push_check, runtime.mismatch_drift, runtime.weight_sync_timeout_s, trainer.seed
+    )
 
 
 def agent_loop_args(data: DataConfig, engine: EngineConfig) -> AgentLoopConfig:
@@ -189,7 +206,7 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
 
 
 def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:
-    return ClusterArgs(cluster, runtime.weight_sync)
+    return ClusterArgs(cluster, runtime.weight_sync, runtime.weight_bucket_mb)
 
 
 def gateway_args(
@@ -232,7 +249,8 @@ def _section(cfg: RunConfig, path: str) -> Any:
     return value
 
 
-_MODEL_SOURCE = ("model.path", "model.tiny_arch", "model.tiny_size", "model.tiny_tokenizer", "model.device")
+_MODEL_SOURCE = ("model.path", "model.tiny_arch", "model.tiny_size", "model.tiny_tokenizer", "model.device",
+                 "model.rope_scaling")  # fmt: skip
 _COMPUTE = ("model.dtype", "model.master_dtype", "model.attn_implementation", "model.gradient_checkpointing",
             "model.device")  # fmt: skip
 
@@ -246,11 +264,14 @@ FACTORIES: dict[str, Factory] = {
     "tokenizer": Factory(tokenizer_args, ("model",), ("model.chat_template", "model.enable_thinking"),
                          "the run's tokenizer and chat template, used by every rendering "
                          "(sao.runtime.build.build_tokenizer)"),
-    "engine": Factory(engine_args, ("engine", "model", "trainer"),
+    "engine": Factory(engine_args, ("engine", "model", "trainer", "data", "cluster", "runtime"),
                       ("engine.backend", "engine.max_concurrent", "engine.threads", "engine.python",
                        "engine.attach", "engine.server_args", "engine.max_restarts", "engine.dtype",
-                       "model.device", "trainer.seed"),
-                      "the rollout engine (sao.runtime.engines.start_engine)"),
+                       "engine.enforce_eager", "engine.max_model_len", "engine.gpu_memory_fraction",
+                       "engine.prefix_caching", "engine.prefix_cache_tokens", "data.max_total_tokens",
+                       "cluster.engine_gpus",
+                       "runtime.backend", "model.rope_scaling", "model.device", "trainer.seed"),
+                      "the rollout engine and how its server is launched (sao.runtime.engines.start_engine)"),
     "agent_loop": Factory(agent_loop_args, ("data", "engine"),
                           ("data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
                            "engine.max_new_tokens", "engine.temperature", "engine.top_p", "engine.top_k"),
@@ -301,7 +322,12 @@ FACTORIES: dict[str, Factory] = {
                           "data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
                           "engine.max_new_tokens"),
                          "evaluation during training (sao.runtime.evaluation.TrainingEvaluator)"),
-    "cluster": Factory(cluster_args, ("cluster", "runtime"), ("cluster.*", "runtime.weight_sync"),
+    "weight_checks": Factory(weight_check_args, ("runtime", "trainer"),
+                             ("runtime.push_check.*", "runtime.mismatch_drift.*",
+                              "runtime.weight_sync_timeout_s", "trainer.seed"),
+                             "push verification, drift alarm, push deadline (sao.runtime.weight_checks)"),
+    "cluster": Factory(cluster_args, ("cluster", "runtime"),
+                       ("cluster.*", "runtime.weight_sync", "runtime.weight_bucket_mb"),
                        "the Ray runtime: cluster, engine replicas, trainer ranks, weight sync "
                        "(sao.runtime.ray_backend.RayParts)"),
     "gateway": Factory(gateway_args, ("data", "gateway", "engine", "algo"),
@@ -320,10 +346,6 @@ FACTORIES: dict[str, Factory] = {
 READ_AT_LOAD: dict[str, str] = {"algo.preset": "selects the preset applied before the YAML and overrides"}
 REFUSED_AT_LOAD: dict[str, dict[Any, str]] = {
     "model.dtype": {"float16": "fp16 training needs loss scaling, which sao does not do (use bfloat16)"},
-    "runtime.weight_sync": {
-        "vllm": "vLLM's native NCCL weight transfer is not driven by runs yet (use 'disk')",
-        "sglang": "SGLang's native NCCL weight transfer is not driven by runs yet (use 'disk')",
-    },
 }
 
 

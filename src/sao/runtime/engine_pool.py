@@ -13,7 +13,8 @@ with a checkpoint). An episode whose replica was restarted continues on the fres
 again; the agent loop drops it first.
 
 Versions. Each replica reports the version of every token it generates; the pool's ``version`` is the
-oldest version any live replica decodes with. ``update_weights`` updates every replica concurrently.
+oldest version any live replica decodes with. ``update_weights`` updates every replica concurrently, and
+`start_replicas` starts them concurrently.
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from sao.engine.types import Generation, SamplingParams, WeightsLike
 
 from .engine_guard import SupervisedEngine
+from .engines import EngineStartError
 
-__all__ = ["EnginePool"]
+__all__ = ["EnginePool", "start_replicas"]
+
+T = TypeVar("T")
 
 _pool_ids = itertools.count()
 
@@ -108,3 +113,22 @@ class EnginePool:
 
     async def close(self) -> None:
         await asyncio.gather(*(r.close() for r in self.replicas), return_exceptions=True)
+
+
+async def start_replicas(starts: Sequence[Callable[[], Awaitable[T]]]) -> list[T]:
+    """Run every replica's start function at once; their engines, in order. When any fails, the ones that
+    started are closed and `EngineStartError` names every replica that failed with its error (a
+    cancellation or interrupt is re-raised as it is)."""
+    results = await asyncio.gather(*(start() for start in starts), return_exceptions=True)
+    failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
+    if not failed:
+        return list(results)  # type: ignore[arg-type]
+    started = [r for r in results if not isinstance(r, BaseException)]
+    await asyncio.gather(*(e.close() for e in started), return_exceptions=True)  # type: ignore[attr-defined]
+    for _, err in failed:
+        if not isinstance(err, Exception):
+            raise err
+    detail = "; ".join(f"replica {i}: {type(err).__name__}: {err}" for i, err in failed)
+    raise EngineStartError(
+        f"{len(failed)} of {len(starts)} engine replicas did not start: {detail}"
+    ) from failed[0][1]

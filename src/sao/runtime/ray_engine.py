@@ -65,7 +65,8 @@ class EngineReplica:
     """The actor body (see the module docstring); ``threads`` torch threads, ``seed`` the engine seed."""
 
     def __init__(self, model_dir: str, tokenizer_dir: str, *, device: str, dtype: str, max_running: int,
-                 seed: int, threads: int, logging: dict[str, Any] | None = None) -> None:  # fmt: skip
+                 seed: int, threads: int, logging: dict[str, Any] | None = None,
+                 prefix_cache_tokens: int | None = None) -> None:  # fmt: skip
         import torch
 
         apply_logging(logging)
@@ -74,7 +75,8 @@ class EngineReplica:
 
         torch.set_num_threads(threads)
         self.engine = LocalEngine(Path(model_dir), load_tokenizer(Path(tokenizer_dir)), device=device,
-                                  dtype=dtype, max_running=max_running, seed=seed)  # fmt: skip
+                                  dtype=dtype, max_running=max_running, seed=seed,
+                                  prefix_cache_tokens=prefix_cache_tokens)  # fmt: skip
         self.engine.start()
         self._sync: Any = None
 
@@ -92,6 +94,10 @@ class EngineReplica:
 
     def stats(self) -> dict[str, float]:
         return self.engine.stats()
+
+    async def score(self, token_ids: list[int]) -> list[float]:
+        """`LocalEngine.score`: teacher-forced log-probs under the weights this replica holds now."""
+        return await self.engine.score(token_ids)
 
     def checksum(self) -> dict[str, float]:
         """`state_checksum` of the weights the engine decodes with now."""
@@ -154,6 +160,10 @@ class RemoteEngine:
     async def update_weights(self, weights: Any, version: int) -> None:
         await self._call(self.actor.update_weights.remote(weights, version))
         self._version = version
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """The replica's `EngineReplica.score` (`sao.engine.scoring`)."""
+        return await self._call(self.actor.score.remote(list(token_ids)))
 
     def set_version(self, version: int) -> None:
         """Record that the replica now decodes with ``version`` (after a broadcast it received)."""

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sao.engine.server_settings import ServerSettings
 from sao.engine.types import Generation, SamplingParams
 
 __all__ = ["ServerReplica", "ServerReplicaEngine", "launch_server_replica"]
@@ -30,8 +31,9 @@ class ServerReplica:
         self.server: Any = None
 
     def start(self, backend: str, model_dir: str, *, python: str | None, dtype: str, max_running: int,
-              extra_args: Sequence[str], timeout_s: float) -> str:  # fmt: skip
-        """Launch the server; returns its base URL (this node's address, a free port)."""
+              settings: ServerSettings, extra_args: Sequence[str], timeout_s: float) -> str:  # fmt: skip
+        """Launch the server with ``settings`` (`sao.runtime.engines.server_settings`); returns its base URL
+        (this node's address, a free port)."""
         import ray
 
         from sao.engine.server_process import ServerProcess, free_port
@@ -46,14 +48,14 @@ class ServerReplica:
 
             python = python or os.environ.get("SAO_VLLM_PYTHON")
             argv = vllm_server_command(model_dir, python=python or "python", port=port, host=host,
-                                       dtype=dtype, extra_args=extra)  # fmt: skip
+                                       dtype=dtype, settings=settings, extra_args=extra)  # fmt: skip
             env = vllm_server_env()
         else:
             from sao.engine.sglang import sglang_server_command, sglang_server_env
 
             python = python or os.environ.get("SAO_SGLANG_PYTHON")
             argv = sglang_server_command(model_dir, python=python or "python", port=port, host=host,
-                                         dtype=dtype, extra_args=extra)  # fmt: skip
+                                         dtype=dtype, settings=settings, extra_args=extra)  # fmt: skip
             env = sglang_server_env()
         self.server = ServerProcess.start(argv, f"http://{host}:{port}", env=env, timeout_s=timeout_s,
                                           die_with_parent=True)  # fmt: skip
@@ -72,19 +74,28 @@ class ServerReplica:
 
 async def launch_server_replica(
     cluster: Any, index: int, backend: str, model_dir: Path, *, python: str | None, dtype: str,
-    max_running: int, extra_args: Sequence[str], timeout_s: float,
+    max_running: int, settings: ServerSettings, episode_budget: int, extra_args: Sequence[str],
+    timeout_s: float,
 ) -> ServerReplicaEngine:  # fmt: skip
-    """Start replica ``index``'s actor in its bundle, launch its server, attach the HTTP adapter."""
+    """Start replica ``index``'s actor in its bundle, launch its server with ``settings``, attach the HTTP
+    adapter (salting requests when the server caches prefixes) and refuse a server whose context limit is
+    below ``episode_budget`` (`sao.runtime.engines.check_context_limit`)."""
     import ray
 
     from sao.engine import SGLangEngine, VLLMEngine
 
+    from .engines import check_context_limit
+
     actor = cluster.track(ray.remote(ServerReplica).options(**cluster.engine_options(index)).remote())
     try:
         url = await actor.start.remote(backend, str(model_dir), python=python, dtype=dtype,
-                                       max_running=max_running, extra_args=list(extra_args),
-                                       timeout_s=timeout_s)  # fmt: skip
-        adapter = await (VLLMEngine if backend == "vllm" else SGLangEngine).attach(url)
+                                       max_running=max_running, settings=settings,
+                                       extra_args=list(extra_args), timeout_s=timeout_s)  # fmt: skip
+        if backend == "vllm":
+            adapter = await VLLMEngine.attach(url, prefix_caching=settings.prefix_caching)
+        else:  # launched with --incremental-streaming-output (sglang_server_command)
+            adapter = await SGLangEngine.attach(url, prefix_caching=settings.prefix_caching, incremental=True)
+        await check_context_limit(adapter, episode_budget, backend)
     except BaseException:
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
@@ -122,6 +133,10 @@ class ServerReplicaEngine:
 
     def stats(self) -> dict[str, float]:
         return self.adapter.stats()
+
+    async def score(self, token_ids: Sequence[int]) -> list[float]:
+        """The server's teacher-forced log-probs (`VLLMEngine.score` / `SGLangEngine.score`)."""
+        return await self.adapter.score(token_ids)
 
     async def _check_actor(self) -> None:
         try:

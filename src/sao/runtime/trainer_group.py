@@ -131,6 +131,13 @@ class TrainerRankActor:
         others None."""
         return self._pushed_state()
 
+    def score(self, token_ids: list[int]) -> list[float]:
+        """Every rank forwards (the actor is sharded); teacher-forced log-probs of ``token_ids[1:]`` under
+        the trainer's current weights (`sao.runtime.push_check.trainer_score`), the same on every rank."""
+        from .push_check import trainer_score
+
+        return trainer_score(self.trainer.actor, token_ids)
+
     def checksum(self) -> dict[str, float] | None:
         from .ray_engine import state_checksum
 
@@ -143,15 +150,16 @@ class TrainerRankActor:
         if self.rank == 0:
             self._sync = open_sync_group(host, port, 0, world_size, backend=backend, timeout_s=timeout_s)
 
-    def broadcast(self, version: int) -> None:
-        """All ranks gather the full weights; rank 0 sends them over the weight group."""
-        from sao.engine.weight_broadcast import WeightSender
+    def broadcast(self, version: int, bucket_bytes: int | None = None) -> None:
+        """All ranks gather the full weights; rank 0 sends them over the weight group, in buckets of
+        ``bucket_bytes`` (None: `WeightSender`'s default)."""
+        from sao.engine.weight_broadcast import DEFAULT_BUCKET_BYTES, WeightSender
 
         state = self._pushed_state()
         if self.rank == 0:
             if self._sync is None:
                 raise RuntimeError("broadcast before join_sync_group")
-            WeightSender(self._sync).send(state, version)
+            WeightSender(self._sync, bucket_bytes or DEFAULT_BUCKET_BYTES).send(state, version)
 
     def leave_sync_group(self) -> None:
         if self._sync is not None:
@@ -287,6 +295,11 @@ class TrainerGroup:
         refs = [rank.full_state.remote() for rank in self.ranks]  # every rank gathers; rank 0 holds it
         return refs[0]
 
+    def score(self, token_ids: list[int]) -> list[float]:
+        """Teacher-forced log-probs of ``token_ids[1:]`` under the actor's current weights (every rank
+        takes part in the sharded forward; rank 0's answer)."""
+        return self._all("score", list(token_ids))[0]
+
     def checksum(self) -> dict[str, float]:
         """`state_checksum` of the full actor weights (rank 0's gather)."""
         return self._all("checksum")[0]
@@ -299,9 +312,9 @@ class TrainerGroup:
         """Rank 0 joins the weight group as its rank 0 (blocks until every member joined)."""
         self._get(self.ranks[0].join_sync_group.remote(host, port, world_size, backend, timeout_s))
 
-    def broadcast(self, version: int) -> None:
+    def broadcast(self, version: int, bucket_bytes: int | None = None) -> None:
         """Every rank gathers the full weights; rank 0 broadcasts them over the weight group."""
-        self._all("broadcast", version)
+        self._all("broadcast", version, bucket_bytes)
 
     async def leave_sync_group_async(self) -> None:
         await self.ranks[0].leave_sync_group.remote()

@@ -1,7 +1,8 @@
 """`WeightSync.push(version)`: the trainer's new weights to every engine, one protocol for every path.
 
-``runtime.weight_sync`` picks the path (``auto``: ``inproc`` for the local runtime, ``broadcast`` for
-Ray):
+``runtime.weight_sync`` picks the path (``auto``: ``inproc`` for the local runtime; for Ray ``broadcast``
+with LocalEngine replicas, ``vllm`` / ``sglang`` with server replicas when engines and trainer have GPUs,
+else ``disk``):
 
 - ``inproc`` (`InprocSync`): the local runtime's actor state dict handed to the engine in process, cast to
   the engine's dtype on the way (`push_dtype`): a float32-master trainer feeds a bfloat16 engine half the
@@ -11,6 +12,8 @@ Ray):
 - ``broadcast`` (`BroadcastSync`): a standalone process group of trainer rank 0 (rank 0) and the
   replicas (ranks 1…N), formed on the first push and again after a replica was restarted; every FSDP rank
   takes part in the ``full_tensor`` gather, rank 0 sends bucketed tensors (gloo on CPU, NCCL on GPU).
+- ``vllm`` / ``sglang`` (`sao.runtime.native_weight_sync.NativeSync`): trainer rank 0 into the servers'
+  own NCCL weight-transfer group, in flat buckets (``runtime.weight_bucket_mb``); falls back to disk.
 - ``disk`` (`DiskSync`): rank 0 writes a safetensors directory under ``run_dir/weights/``, the replicas
   reload from it (any shared filesystem; the last two versions are kept).
 
@@ -111,12 +114,14 @@ class BroadcastSync(ObjectStoreSync):
     member would block the others until the group's ``timeout_s``. When one is dead, that version goes
     through the object store (which restarts the dead replica with it, `SupervisedEngine`), and the group
     is formed again, with the fresh replica, at the next push. A member dying between the ping and the
-    end of the broadcast leaves the others blocked for at most ``timeout_s``, then the same fallback runs.
+    end of the broadcast leaves the others blocked for at most ``timeout_s``, then the same fallback runs;
+    so does a broadcast (send and every replica's load) that takes longer than ``timeout_s``.
     """
 
     def __init__(self, group: Any, pool: Any, backend: str = "gloo", *, timeout_s: float = 120.0,
-                 ping_timeout_s: float = 10.0) -> None:  # fmt: skip
+                 ping_timeout_s: float = 10.0, bucket_bytes: int | None = None) -> None:  # fmt: skip
         super().__init__(group, pool)
+        self.bucket_bytes = bucket_bytes  # None: WeightSender's default
         self.backend, self.timeout_s, self.ping_timeout_s = backend, timeout_s, ping_timeout_s
         self._members: list[Any] | None = None  # the replica actors of the current weight group
         self.formed = 0  # how many times the weight group was formed
@@ -159,9 +164,14 @@ class BroadcastSync(ObjectStoreSync):
                 raise RuntimeError("an engine replica does not answer")
             if self._members != members:
                 await self._form(members)
-            await asyncio.gather(
-                asyncio.to_thread(self.group.broadcast, version),
-                *(m.receive_broadcast.remote() for m in members),
+            # Bounded like the group's collectives: a replica whose load hangs after the broadcast does not
+            # hold the push forever; this version then goes by the object store like any failure.
+            await asyncio.wait_for(
+                asyncio.gather(
+                    asyncio.to_thread(self.group.broadcast, version, self.bucket_bytes),
+                    *(m.receive_broadcast.remote() for m in members),
+                ),
+                self.timeout_s,
             )
         except Exception as err:  # this version by the object store (restarting a dead replica with it)
             log.warning("weight broadcast of version %d failed (%s); this version goes by the object store",
@@ -174,12 +184,20 @@ class BroadcastSync(ObjectStoreSync):
             replica.engine.set_version(version)
 
 
-def make_weight_sync(path: str, group: Any, pool: Any, run_dir: Path, backend: str) -> WeightSync:
-    """The Ray runtime's `WeightSync` for ``runtime.weight_sync`` (already resolved: not 'auto')."""
+def make_weight_sync(
+    path: str, group: Any, pool: Any, run_dir: Path, backend: str, *, bucket_bytes: int | None = None
+) -> WeightSync:
+    """The Ray runtime's `WeightSync` for ``runtime.weight_sync`` (already resolved: not 'auto').
+    ``bucket_bytes``: ``runtime.weight_bucket_mb`` in bytes (None: the path's default)."""
     if path == "object_store":
         return ObjectStoreSync(group, pool)
     if path == "disk":
         return DiskSync(group, pool, run_dir / "weights")
     if path == "broadcast":
-        return BroadcastSync(group, pool, backend)
+        return BroadcastSync(group, pool, backend, bucket_bytes=bucket_bytes)
+    if path in ("vllm", "sglang"):  # the servers' native NCCL transfer; falls back to disk
+        from .native_weight_sync import NativeSync
+
+        size = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        return NativeSync(group, pool, run_dir / "weights", wire=path, **size)  # type: ignore[arg-type]
     raise ValueError(f"runtime.weight_sync={path!r} is not a path of the ray runtime")
