@@ -189,6 +189,7 @@ def measure(turns: Sequence[int] = (1, 10, 25, 50), reps: int = 5, *, sessions: 
                 rounds = [
                     _round(client, app, engine, f"rep{rep}", sessions, turns[-1]) for rep in range(reps)
                 ]
+            stats = engine.engine.stats()
         finally:
             server.should_exit = True
             thread.join(timeout=30)
@@ -200,6 +201,9 @@ def measure(turns: Sequence[int] = (1, 10, 25, 50), reps: int = 5, *, sessions: 
         "sessions": sessions,
         "observation_tokens": len(tokenizer(observation, add_special_tokens=False)["input_ids"]),
         "load": watch.report(),
+        "engine": {
+            k: stats[k] for k in ("finished", "prefix_hits", "prefix_reused_tokens", "prefill_tokens")
+        },
     }
 
     def per_rep(turn: int, field: int) -> list[float]:  # per repetition: the median over its sessions
@@ -236,6 +240,12 @@ def report(result: dict[str, Any]) -> str:
             f"{f'{server_ratio:.2f}x [{server_spread.low:.2f}-{server_spread.high:.2f}]':>18} "
             f"{result['engine_ms'][t].fmt('.1f'):>18}"
         )
+    e = result["engine"]
+    lines.append(
+        f"engine: {e['finished']:.0f} requests, {e['prefix_hits']:.0f} continued a kept KV "
+        f"({e['prefix_reused_tokens']:,.0f} prompt tokens not prefilled, "
+        f"{e['prefill_tokens']:,.0f} prefilled)"
+    )
     lines.append(result["load"])
     return "\n".join(lines)
 

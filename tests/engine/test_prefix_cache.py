@@ -174,6 +174,14 @@ def test_store_evicts_the_least_recently_kept_and_refuses_oversized_entries():
     assert store.take([6, 7, 8, 9, 10, 99]) is None  # taken: consumed
 
 
+def test_identical_contexts_park_one_entry_each_and_each_takes_one():
+    store = PrefixStore(max_tokens=100, block=2)
+    for _ in range(3):
+        store.park(entry([1, 2, 3, 4, 5]))
+    assert len(store) == 3 and store.tokens_held == 12
+    assert [store.take([1, 2, 3, 4, 5, 6]) is not None for _ in range(4)] == [True, True, True, False]
+
+
 def test_store_needs_one_prompt_token_left_to_feed():
     store = PrefixStore(max_tokens=100, block=3)
     store.park(entry([1, 2, 3, 4]))  # keeps 3 positions: [1, 2, 3]

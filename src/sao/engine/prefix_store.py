@@ -5,7 +5,8 @@ A multi-turn episode sends the engine, turn after turn, a prompt that extends th
 the KV it computed: positions ``0 .. len(tokens) - 2`` (the last sampled token was never fed to the model).
 A later request whose prompt starts with exactly those tokens *takes* the entry: its KV is copied into the
 request's slot and only the rest of the prompt is prefilled. The entry is consumed (an episode's turns are
-sequential); when that request finishes, the longer context is parked in turn.
+sequential); when that request finishes, the longer context is parked in turn. Episodes whose contexts are
+identical (same prompt, same samples) park one entry each, and each takes one.
 
 Memory. Parked KV lives beside the running slots, on the engine's device, bounded by ``max_tokens`` KV
 positions in all (a position costs ``2 × layers × H_kv × D`` values). Parking past the bound evicts the
@@ -22,6 +23,7 @@ finishes (`local`).
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,8 +61,10 @@ class PrefixStore:
         self.tokens_held = 0
         self.evictions = 0
         self.evicted_tokens = 0
-        self._entries: OrderedDict[tuple[int, int], ParkedKV] = OrderedDict()  # oldest first
+        self._entries: OrderedDict[int, tuple[tuple[int, int], ParkedKV]] = OrderedDict()  # oldest first
+        self._by_key: dict[tuple[int, int], list[int]] = {}  # (length, hash) -> entry serials, oldest first
         self._lengths: dict[int, int] = {}  # entry length -> entries of that length
+        self._serials = itertools.count()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -82,15 +86,14 @@ class PrefixStore:
         if entry.length < 1 or entry.length > self.max_tokens:
             return False
         key = self._key(self._chain(entry.tokens, entry.length), entry.tokens, entry.length)
-        old = self._entries.pop(key, None)
-        if old is not None:
-            self._forget(old)
         while self._entries and self.tokens_held + entry.length > self.max_tokens:
-            _, evicted = self._entries.popitem(last=False)
-            self._forget(evicted)
+            serial, (old_key, evicted) = self._entries.popitem(last=False)
+            self._forget(old_key, serial, evicted)
             self.evictions += 1
             self.evicted_tokens += evicted.length
-        self._entries[key] = entry
+        serial = next(self._serials)
+        self._entries[serial] = (key, entry)
+        self._by_key.setdefault(key, []).append(serial)
         self.tokens_held += entry.length
         self._lengths[entry.length] = self._lengths.get(entry.length, 0) + 1
         return True
@@ -105,14 +108,19 @@ class PrefixStore:
         chain = self._chain(prompt, candidates[0])
         for length in candidates:
             key = self._key(chain, prompt, length)
-            entry = self._entries.get(key)
-            if entry is not None and entry.tokens[:length] == list(prompt[:length]):
-                del self._entries[key]
-                self._forget(entry)
-                return entry
+            for serial in self._by_key.get(key, ()):
+                _, entry = self._entries[serial]
+                if entry.tokens[:length] == list(prompt[:length]):
+                    del self._entries[serial]
+                    self._forget(key, serial, entry)
+                    return entry
         return None
 
-    def _forget(self, entry: ParkedKV) -> None:
+    def _forget(self, key: tuple[int, int], serial: int, entry: ParkedKV) -> None:
+        serials = self._by_key[key]
+        serials.remove(serial)
+        if not serials:
+            del self._by_key[key]
         self.tokens_held -= entry.length
         left = self._lengths[entry.length] - 1
         if left:
@@ -123,5 +131,6 @@ class PrefixStore:
     def clear(self) -> None:
         """Drop every entry (not counted as evictions)."""
         self._entries.clear()
+        self._by_key.clear()
         self._lengths.clear()
         self.tokens_held = 0
