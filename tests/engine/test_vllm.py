@@ -487,7 +487,7 @@ def vllm_run_overrides(vllm_python: str, run: Path) -> list[str]:
     return [
         "model.tiny_arch=qwen3", "model.tiny_size=small", "model.dtype=float32", "model.device=cpu",
         "engine.backend=vllm", f"engine.python={vllm_python}", "engine.max_new_tokens=16",
-        "engine.max_concurrent=8", "engine.server_args=[--max-model-len, '1024']",
+        "engine.max_concurrent=8", "engine.server_args=[--max-model-len, '1024']", "engine.dtype=float32",
         "data.env=long_tail", "data.max_turns=8", "data.max_total_tokens=300",
         "critic.pretrain.corpus_size=8", "critic.pretrain.max_steps=2",
         "trainer.batch_size=4", "trainer.total_steps=3", "runtime.max_in_flight=8", "runtime.max_staleness=1",
