@@ -218,18 +218,7 @@ class ProcessEngine:
 
     async def _send_update(self, version: int, payload: Any) -> Any:
         """Send one update and wait for the child's answer: None, or (exception class name, message)."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        rid = next(self._ids)
-        with self._lock:
-            if self._closed is not None:
-                raise RuntimeError(f"engine process is closed ({self._closed})")
-            self._pending[rid] = ("update", threadsafe_setter(loop, future))
-        if not self._send(("update", rid, version, payload)):
-            with self._lock:
-                self._pending.pop(rid, None)  # nobody will await its future
-            raise RuntimeError("engine process is gone")
-        return await future
+        return await self._ask("update", version, payload)
 
     async def score(self, token_ids: Sequence[int]) -> list[float]:
         """The child engine's `LocalEngine.score` of ``token_ids``: ``len(token_ids) - 1`` teacher-forced
@@ -237,22 +226,25 @@ class ProcessEngine:
         scoring failed in the child or the engine process is gone."""
         from sao.engine.scoring import check_score_ids
 
-        ids = check_score_ids(token_ids, self.vocab_size)
+        answer = await self._ask("score", check_score_ids(token_ids, self.vocab_size))
+        if "error" in answer:
+            raise RuntimeError(f"engine process: scoring failed: {answer['error']}")
+        return list(answer["logprobs"])
+
+    async def _ask(self, kind: str, *body: Any) -> Any:
+        """Send ``(kind, request id, *body)`` to the child and wait for its answer to that id."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         rid = next(self._ids)
         with self._lock:
             if self._closed is not None:
                 raise RuntimeError(f"engine process is closed ({self._closed})")
-            self._pending[rid] = ("score", threadsafe_setter(loop, future))
-        if not self._send(("score", rid, ids)):
+            self._pending[rid] = (kind, threadsafe_setter(loop, future))
+        if not self._send((kind, rid, *body)):
             with self._lock:
-                self._pending.pop(rid, None)
+                self._pending.pop(rid, None)  # nobody will await its future
             raise RuntimeError("engine process is gone")
-        answer = await future
-        if "error" in answer:
-            raise RuntimeError(f"engine process: scoring failed: {answer['error']}")
-        return list(answer["logprobs"])
+        return await future
 
     def stats(self) -> dict[str, float]:
         """The child engine's `LocalEngine.stats` as of its latest message, plus ``process_alive``."""
