@@ -4,6 +4,7 @@ terms against what autograd saves and what a CPU backward allocates (the formula
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -203,8 +204,13 @@ def _backward_peak(model, batch) -> int:
     step()  # the gradients exist before the measured step, as from the second micro-batch on
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
-    trace = [(e.time_range.start, e.self_cpu_memory_usage) for e in prof.events() if e.self_cpu_memory_usage]
-    events = sorted(trace)
+    memory_events = [e for e in prof.events() if e.self_cpu_memory_usage]
+    # Only the step's own thread: another thread of the test process (an engine loop, a server left by an
+    # earlier test) allocating or freeing inside the window would move the count.
+    (step_thread, _), *_ = Counter(e.thread for e in memory_events).most_common(1)
+    events = sorted(
+        (e.time_range.start, e.self_cpu_memory_usage) for e in memory_events if e.thread == step_thread
+    )
     live = peak = 0
     for _, change in events:
         live += change
