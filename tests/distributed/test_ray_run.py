@@ -58,10 +58,11 @@ class _Watch:
 
 def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead_replica(tmp_path):
     # Long replies, 2 sequences decoding per replica and two steps of lead: generation, not training, is
-    # the bottleneck, so the replicas are mid-reply when each step's weights arrive.
+    # the bottleneck, so the replicas are mid-reply when each step's weights arrive. No push probe: it
+    # lengthens every step on the trainer side (tested on Ray in tests/runtime/test_push_verification.py).
     cfg = _cfg(tmp_path / "run", "trainer.total_steps=4", "runtime.weight_sync=broadcast",
                "engine.max_new_tokens=160", "data.max_total_tokens=400", "engine.max_concurrent=2",
-               "runtime.max_staleness=2", "runtime.max_in_flight=12",
+               "runtime.max_staleness=2", "runtime.max_in_flight=12", "runtime.push_check.action=none",
                "logging.inspect_every=2", "logging.inspect_samples=2")  # fmt: skip
 
     async def main():
