@@ -422,7 +422,7 @@ class LocalEngine:
     def _park(self, request: Request) -> None:
         """Keep the KV of a request that finished normally for a later turn (`prefix_store`)."""
         length = min(request.cached, len(request.tokens) - 1)
-        if self._prefixes.max_tokens == 0 or length < 1 or length > self._prefixes.max_tokens:
+        if not self._prefixes.fits(length):  # decided before copying the KV out
             return
         keys, values = self._cache.save(request.slot, length)
         self._prefixes.park(ParkedKV(list(request.tokens), length, keys, values, self._version))

@@ -80,10 +80,14 @@ class PrefixStore:
             chain.append(hash((chain[-1], tuple(tokens[start : start + self.block]))))
         return chain
 
+    def fits(self, length: int) -> bool:
+        """Whether an entry of ``length`` positions can be kept at all (not empty, within the bound)."""
+        return 1 <= length <= self.max_tokens
+
     def park(self, entry: ParkedKV) -> bool:
         """Keep ``entry`` (evicting the oldest entries to stay within the bound). False when it cannot be
-        kept: empty, or larger than the bound on its own."""
-        if entry.length < 1 or entry.length > self.max_tokens:
+        kept (`fits`)."""
+        if not self.fits(entry.length):
             return False
         key = self._key(self._chain(entry.tokens, entry.length), entry.tokens, entry.length)
         while self._entries and self.tokens_held + entry.length > self.max_tokens:

@@ -146,14 +146,15 @@ class PushCheck:
     async def check(self, version: int) -> tuple[dict[str, float], PushCheckError | None]:
         """The probe metrics of version ``version`` and the failure (the first failing replica's), if any."""
         t0 = time.monotonic()
-        replicas = [(n, e) for n, e in replica_engines(self.engine) if getattr(e, "alive", True)]
+        every = replica_engines(self.engine)
+        replicas = [(n, e) for n, e in every if getattr(e, "alive", True)]
         trainer, *answers = await asyncio.gather(
             asyncio.to_thread(self.trainer_score, self.probe),
             *(self._score(name, eng, version) for name, eng in replicas),
         )
         metrics: dict[str, float] = {}
         failure: PushCheckError | None = None
-        errors = 0
+        errors = failed = 0
         for (name, _), answer in zip(replicas, answers, strict=True):
             try:
                 if isinstance(answer, Exception):
@@ -168,16 +169,15 @@ class PushCheck:
             if mean <= self.threshold:
                 self._warned.discard(name)
                 continue
+            failed += 1
             error = PushCheckError(name, version, mean, worst, self.threshold)
             failure = failure or error
             if self.action == "warn" and name not in self._warned:
                 self._warned.add(name)
                 log.warning("%s (runtime.push_check.action=warn: training goes on)", error)
-        metrics["weight_sync/probe_failed"] = float(
-            sum(v > self.threshold for k, v in metrics.items() if "/probe_mean_abs_diff/" in k)
-        )
+        metrics["weight_sync/probe_failed"] = float(failed)
         metrics["weight_sync/probe_errors"] = float(errors)
-        metrics["weight_sync/probe_skipped"] = float(len(replica_engines(self.engine)) - len(replicas))
+        metrics["weight_sync/probe_skipped"] = float(len(every) - len(replicas))
         metrics["weight_sync/probe_s"] = time.monotonic() - t0
         return metrics, failure if self.action == "error" else None
 
