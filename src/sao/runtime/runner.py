@@ -267,14 +267,15 @@ class Run:
             self.weight_checks.verdict,  # a failed check stops the run once its step is logged
             Checkpoints(self._save_checkpoint, self.parts["checkpoints"].every, loop.total_steps),
         ]
+        after_books = self.observers.index(self.books) + 1
         logs = self.parts["run_logs"]
         if logs.episodes:
-            self.observers.insert(2, EpisodeLog(logs.run_dir, resume_step))
+            self.observers.insert(after_books, EpisodeLog(logs.run_dir, resume_step))
         self.inspector = TrajectoryInspector(
             self.parts["inspector"], self.trainer, self.tokenizer, resume_step
         )
         if self.inspector.enabled:  # before the metrics: its runtime/inspect_s is logged with the step
-            self.observers.insert(2, self.inspector)
+            self.observers.insert(after_books, self.inspector)
 
     def _trainer_score(self) -> Any:
         """The trainer's teacher-forced scorer of the push probe (blocking: ids -> log-probs)."""
