@@ -266,6 +266,24 @@ _LONG = 1000  # tokens of the request that spans an update (the servers' context
 
 
 @pytest.mark.vllm
+def test_the_push_probe_scored_by_the_server_is_the_trainers(dense_server: ServerProcess, dense_dir: Path):
+    """`VLLMEngine.score` (prompt log-probs, the push check's probe) against the trainer's teacher forcing."""
+    from sao.runtime.push_check import probe_diff, trainer_score
+
+    ids = list(range(10, 110))
+
+    async def run() -> list[float]:
+        engine = await VLLMEngine.attach(dense_server.base_url)
+        try:
+            return await engine.score(ids)
+        finally:
+            await engine.close()
+
+    mean, worst = probe_diff(trainer_score(_policy(dense_dir), ids), asyncio.run(run()))
+    assert mean < 1e-5 and worst < 1e-4
+
+
+@pytest.mark.vllm
 def test_generates_from_token_ids_with_stop_tokens_seeds_and_lengths(moe_server: ServerProcess) -> None:
     async def run() -> None:
         engine = await VLLMEngine.attach(moe_server.base_url)
