@@ -166,16 +166,6 @@ def test_dis_masked_fraction_is_zero_on_policy_and_positive_off_band(tiny_moe_di
     assert off["dis/masked_frac"] > 0.0 and off["dis/masked_frac_below"] > 0.0
 
 
-def test_ppo_presets_compute_old_logprobs_and_dis_presets_do_not(tiny_moe_dir):
-    for preset, expected in (("grpo", 1.0), ("grpo_dis", 0.0), ("spo", 0.0)):
-        cfg = _config(preset)
-        actor, critic = _models(tiny_moe_dir, cfg)
-        trainer = build_trainer(cfg, actor, critic)
-        metrics = trainer.train_step(_on_policy_batch(actor, _trajectories()), policy_version=1)
-        assert metrics["actor/old_logprob_forward"] == expected, preset
-        assert trainer.old_logprob_forwards == int(expected)
-
-
 def test_spo_divergence_updates_the_tracker_once_per_prompt_sample(tiny_moe_dir):
     cfg = _config("spo")
     actor, _ = _models(tiny_moe_dir, cfg)

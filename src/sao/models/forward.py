@@ -27,7 +27,26 @@ from torch.utils.checkpoint import checkpoint
 from sao.models.attention import packed_attention_kwargs, packed_context
 from sao.types import Batch
 
-__all__ = ["lm_parts", "token_logprobs", "token_values"]
+__all__ = ["lm_parts", "stochastic_forward", "token_logprobs", "token_values"]
+
+
+_NOISE_KEYS = ("dropout", "jitter")  # config entries that make a training-mode forward random (> 0: on)
+
+
+def stochastic_forward(model: nn.Module) -> bool:
+    """Whether two forwards of ``model`` on the same input may differ: it is in training mode and has an
+    active dropout module or a config entry naming dropout or router jitter that is above 0 (HF models
+    apply ``attention_dropout`` functionally, only while training)."""
+    if not model.training:
+        return False
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training for m in model.modules()):
+        return True
+    configs = [getattr(m, "config", None) for m in model.modules()]
+    for config in {id(c): c for c in configs if c is not None}.values():
+        for key, value in vars(config).items():
+            if any(n in key for n in _NOISE_KEYS) and isinstance(value, int | float) and value > 0:
+                return True
+    return False
 
 
 def _check_prefixes(batch: Batch) -> None:

@@ -13,11 +13,19 @@ One `Trainer.train_step` on a batch:
 3. V recomputed with the updated critic (``critic.recompute_values``);
 4. policy advantages by the preset's estimator (`estimate_advantages`, pure: one GAE pass with the
    policy λ, length-adaptive, or a baseline read from the estimator's state before this batch);
-5. one actor optimizer step: ``dis`` against the rollout log-probs, or ``ppo_clip`` against π_old from a
-   no-grad forward before the update; plus ``nll_coef`` × the positive-example NLL (VAPO);
+5. one actor optimizer step: ``dis`` against the rollout log-probs, or ``ppo_clip`` against π_old; plus
+   ``nll_coef`` × the positive-example NLL (VAPO);
 6. the estimator's state records the batch (`update_advantage_state`; running-mean history, SPO tracker).
 
 Critic-free presets skip 1–3. During the first ``critic.warmup_steps`` steps only 1–3 run.
+
+π_old without a second forward: the actor takes exactly one optimizer step per batch, so π_old (the policy
+before this batch's update) has the weights the training forward runs with. When that forward is
+deterministic (`sao.models.forward.stochastic_forward` false: no active dropout or router jitter) the
+``ppo_clip`` reference is the training forward's own log-probs, detached: the same numbers a no-grad forward
+would give, so the update is bitwise the one the extra forward gives (tests/train/test_step_reference.py),
+at one forward less per step. A stochastic forward keeps the no-grad π_old forward (``old_logprobs=
+"forward"`` forces it). ``actor/old_logprob_forward`` says which ran (1: the extra forward).
 
 An estimator that ``needs_divergence`` (SPO) gets D per trajectory in step 6 (our reading): mean
 |log π_θ − log π_rollout| over its action tokens, with π_θ the policy *before* this update, i.e. π_old:
@@ -87,7 +95,7 @@ from sao.algos import (
 from sao.algos.mismatch import lag0_mismatch_metrics
 from sao.algos.packed import segment_count, segment_sum
 from sao.config import AlgoConfig, CriticConfig, TrainerConfig
-from sao.models.forward import token_logprobs, token_values
+from sao.models.forward import stochastic_forward, token_logprobs, token_values
 from sao.models.freezing import apply_freeze, trainable_parameters
 from sao.types import Batch
 
@@ -192,6 +200,9 @@ class Trainer:
         gradient_sync: FSDP2 models only: ``"step"`` reduce-scatters once per optimizer step (the rank
             holds its unsharded gradient sum across micro-batches, module docstring), ``"micro_batch"``
             after every micro-batch's backward (sharded gradients only, one reduce-scatter per micro-batch).
+        old_logprobs: where a ``ppo_clip`` loss gets π_old: ``"auto"`` the training forward's detached
+            log-probs when the actor's forward is deterministic, else a no-grad forward before the update;
+            ``"forward"`` always that forward (module docstring).
     """
 
     def __init__(
@@ -205,11 +216,14 @@ class Trainer:
         temperature: float = 1.0,
         collective: Collective | None = None,
         gradient_sync: Literal["step", "micro_batch"] = "step",
+        old_logprobs: Literal["auto", "forward"] = "auto",
     ) -> None:
         if algo.uses_critic and critic is None:
             raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
         if gradient_sync not in ("step", "micro_batch"):
             raise ValueError(f"gradient_sync must be 'step' or 'micro_batch', got {gradient_sync!r}")
+        if old_logprobs not in ("auto", "forward"):
+            raise ValueError(f"old_logprobs must be 'auto' or 'forward', got {old_logprobs!r}")
         self.actor, self.critic = actor, critic
         self.algo, self.critic_cfg, self.optim = algo, critic_cfg, optim
         self.gradient_sync = gradient_sync
@@ -220,6 +234,10 @@ class Trainer:
         self.estimator = get_advantage_estimator(algo.advantage)
         self.adv_state = make_advantage_state(algo.advantage, self.params)
         self.loss = get_policy_loss(algo.policy_loss)
+        # π_old by a no-grad forward, or the training forward's log-probs detached (module docstring)
+        self.old_logprob_forward = algo.needs_old_logprobs and (
+            old_logprobs == "forward" or stochastic_forward(actor)
+        )
         self.uses_critic = algo.uses_critic
         self.actor_params = trainable_parameters(actor)
         self.actor_optim = torch.optim.AdamW(self.actor_params, lr=optim.lr, weight_decay=optim.weight_decay)
@@ -489,8 +507,9 @@ class Trainer:
         algo = self.algo
         parts = step.parts
         action = batch.action_mask.bool()
-        old_logprobs = None  # (T,) the whole batch's
-        if algo.needs_old_logprobs:
+        old_logprobs = None  # (T,) the whole batch's, from the no-grad forward
+        detached = algo.needs_old_logprobs and not self.old_logprob_forward  # π_old: this forward's, detached
+        if self.old_logprob_forward:
             with torch.no_grad():
                 old_logprobs = step.gather(torch.cat([self._logprobs(part, False)[0] for part in parts]))
             self.old_logprob_forwards += 1
@@ -498,8 +517,7 @@ class Trainer:
         result = estimate_advantages(algo.advantage, inputs, self.params, self.adv_state)
         advantages = step.local(result.advantages.detach())
         whole_reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
-        assert whole_reference is not None
-        reference = step.local(whole_reference)
+        reference = None if detached else step.local(whole_reference)
         positive = (batch.outcome_rewards > 0)[batch.seq_ids]
         agg = algo.loss_agg
         # whole-batch counts: the ranks' micro-batch losses add up to the batch's loss
@@ -517,7 +535,7 @@ class Trainer:
                 mask = part.action_mask
                 loss, loss_metrics = self.loss.fn(
                     lp,
-                    reference[sl],
+                    lp.detach() if reference is None else reference[sl],
                     advantages[sl],
                     mask,
                     algo.eps_low,
@@ -553,10 +571,11 @@ class Trainer:
         lr = self.actor_optim.param_groups[0]["lr"]
         applied = finite_update(self.collective.sum(total), norm)
         divergence = None
+        fresh = step.gather(torch.cat(fresh_logprobs))  # (T,) the whole batch's, before the update
         if applied:
             self.actor_optim.step()
             if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update one
-                before = old_logprobs if old_logprobs is not None else step.gather(torch.cat(fresh_logprobs))
+                before = old_logprobs if old_logprobs is not None else fresh
                 divergence = self._divergence(batch, before)
             update_advantage_state(
                 algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
@@ -564,10 +583,10 @@ class Trainer:
         else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
             self.actor_optim.zero_grad(set_to_none=True)
         if self._capture is not None:
-            self._capture_actor(step, result.advantages, fresh_logprobs, entropies, whole_reference)
+            reference_all = fresh if detached else whole_reference
+            self._capture_actor(step, result.advantages, fresh, entropies, reference_all)
         metrics = acc.means(self.collective)
         # engine vs trainer log-probs on the tokens sampled at the weights this forward used (lag 0)
-        fresh = step.gather(torch.cat(fresh_logprobs))
         metrics.update(lag0_mismatch_metrics(fresh, batch.rollout_logprobs, batch.versions, batch.action_mask,
                                              policy_version))  # fmt: skip
         metrics.update({k: float(v) for k, v in result.metrics.items()})
@@ -586,15 +605,15 @@ class Trainer:
         self,
         step: StepShard,
         advantages: Tensor,
-        fresh: list[Tensor],
+        fresh: Tensor,
         entropies: list[Tensor],
         reference: Tensor,
     ) -> None:
         """The actor phase's per-token quantities into the step's `StepCapture`, in whole-batch order
-        (``fresh`` and ``entropies`` are this rank's micro-batches', ``reference`` the whole batch's)."""
+        (``entropies`` are this rank's micro-batches', ``fresh`` and ``reference`` the whole batch's)."""
         c = self._capture
         assert c is not None
-        logprobs = step.gather(torch.cat(fresh).float())
+        logprobs = fresh.float()
         ref = reference.float()
         c.advantages, c.logprobs = _host(advantages), _host(logprobs)
         c.reference, c.entropy = _host(ref), _host(step.gather(torch.cat(entropies).float()))
