@@ -199,7 +199,9 @@ def test_grpo_with_single_rollout_names_group_size() -> None:
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
-        (["engine.threads=1"], r"engine\.threads applies to backend 'process', not 'local'"),
+        (["engine.backend=vllm", "engine.threads=1"], r"engine\.threads applies to backends 'local'"),
+        (["runtime.backend=ray", "engine.threads=1"], r"engine\.threads applies to the local runtime"),
+        (["runtime.backend=ray", "trainer.threads=1"], r"trainer\.threads applies to the local runtime"),
         (["engine.attach=http://h:8000"], r"engine\.attach applies to backends 'vllm' and 'sglang'"),
         (["engine.backend=process", "engine.server_args=[--x]"], r"engine\.server_args applies to backends"),
         (["engine.backend=vllm", "engine.attach=http://h", "engine.python=/p"], r"engine\.attach uses a"),
@@ -209,6 +211,7 @@ def test_engine_options_must_match_the_backend(overrides: list[str], expected: s
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [*TINY, *overrides])
     load_config(None, [*TINY, "engine.backend=process", "engine.threads=2"])
+    load_config(None, [*TINY, "engine.threads=1", "trainer.threads=1"])  # the in-process engine too
     load_config(None, [*TINY, "engine.backend=sglang", "engine.python=/p", "engine.server_args=[--x]"])
 
 

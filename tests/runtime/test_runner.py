@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from sao.config import ConfigError, load_config
 from sao.presets import PRESETS
 from sao.runtime.runner import train_sync_entry
+from sao.runtime.threads import plan_threads
 
 _OVERRIDES = [
     "model.tiny_arch=qwen3_moe", "model.tiny_size=test", "model.dtype=float32", "model.device=cpu",
@@ -39,8 +41,12 @@ def _three_step_run(run_dir, *extra) -> list[dict]:
 
 
 def test_async_sao_run_trains_and_accounts_for_every_trajectory(tmp_path):
-    _three_step_run(tmp_path / "run")
+    steps = _three_step_run(tmp_path / "run")
     assert (tmp_path / "run" / "checkpoints" / "step_00000003").is_dir()
+    # the default thread plan, as read inside the trainer's thread and the engine's loop thread
+    plan = plan_threads("local", None, None)
+    expected = torch.get_num_threads() if plan.trainer is None else plan.trainer  # OMP_NUM_THREADS set
+    assert {(r["trainer/threads"], r["runtime/engine_threads"]) for r in steps} == {(expected, expected)}
 
 
 def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_version(tmp_path):
@@ -48,9 +54,10 @@ def test_async_sao_with_the_engine_in_its_own_process_trains_and_pushes_every_ve
     process; the run is otherwise the same pipeline."""
     run = tmp_path / "run"
     steps = _three_step_run(
-        run, "engine.backend=process", "engine.threads=1", "logging.episodes=true",
+        run, "engine.backend=process", "engine.threads=1", "trainer.threads=2", "logging.episodes=true",
         "logging.timeline_every_s=0.05",
     )  # fmt: skip
+    assert {(r["trainer/threads"], r["runtime/engine_threads"]) for r in steps} == {(2.0, 1.0)}  # as set
     assert all(0.0 <= r["runtime/engine_idle_frac"] <= 1.0 for r in steps)  # the child's own stats
     assert all(r["runtime/train_s"] > 0 and r["runtime/in_flight"] >= 0 for r in steps)
     # The throughput logs: one episode line per trained trajectory, the timeline with the child's counters.

@@ -167,7 +167,11 @@ class EngineConfig(_Section):
         "(launched on the run's model, or engine.attach).",
     )
     threads: int | None = Field(
-        None, ge=1, description="backend=process: torch threads of the engine process (null: torch default)."
+        None,
+        ge=1,
+        description="backend=local/process, local runtime: intra-op torch threads of the engine (its loop "
+        "thread, or its process); null: half the cores this process may use, at least 1 (torch's own "
+        "setting when OMP_NUM_THREADS is set). Logged as runtime/engine_threads.",
     )
     temperature: float = Field(1.0, ge=0, description="Sampling temperature; DIS ratios are exact at 1.0.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
@@ -236,8 +240,10 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _backend_options(self) -> EngineConfig:
-        if self.threads is not None and self.backend != "process":
-            raise ValueError(f"engine.threads applies to backend 'process', not {self.backend!r}")
+        if self.threads is not None and self.backend not in ("local", "process"):
+            raise ValueError(
+                f"engine.threads applies to backends 'local' and 'process', not {self.backend!r}"
+            )
         server = ("python", "attach", "server_args")
         if self.backend not in ("vllm", "sglang") and any(getattr(self, k) for k in server):
             name = next(k for k in server if getattr(self, k))
@@ -486,6 +492,13 @@ class TrainerConfig(_Section):
     warmup_steps: int = Field(0, ge=0, description="Linear actor lr warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     seed: int = Field(0, description="Training seed (torch, sampling).")
+    threads: int | None = Field(
+        None,
+        ge=1,
+        description="Local runtime: intra-op torch threads of the trainer (the thread its steps run in); "
+        "null: half the cores this process may use, at least 1 (torch's own setting when OMP_NUM_THREADS "
+        "is set). Logged as trainer/threads. runtime.backend=ray: cluster.trainer_cpus sets them.",
+    )
 
 
 class PushCheckConfig(_Section):
@@ -858,6 +871,13 @@ class RunConfig(_Section):
                     "process"
                 )
             return self
+        for key, cpus in (("engine.threads", "engine_cpus"), ("trainer.threads", "trainer_cpus")):
+            section, name = key.split(".")
+            if getattr(getattr(self, section), name) is not None:
+                raise ValueError(
+                    f"{key} applies to the local runtime; with runtime.backend='ray' cluster.{cpus} sets the "
+                    "torch threads of each actor"
+                )
         if self.engine.backend == "process":
             raise ValueError(
                 "engine.backend='process' is for the local runtime; with runtime.backend='ray' each engine "

@@ -91,7 +91,9 @@ class LocalEngine:
     generator of each request that gives no seed of its own (with the request's arrival index);
     ``lean_forward``: run Qwen3 / Qwen3-MoE backbones with `LeanForward` (same math as the HF modules, less
     per-call overhead; other models always use the HF modules). ``prefix_cache_tokens``: KV positions kept
-    for later turns of finished requests (None: ``max_kv_tokens``; 0: none kept).
+    for later turns of finished requests (None: ``max_kv_tokens``; 0: none kept). ``threads``: intra-op
+    torch threads of the loop thread, set when it starts (None: as the process has them; `sao.runtime.threads`
+    explains the one BLAS pool a process shares); ``stats()["threads"]`` is the count the loop runs with.
     """
 
     def __init__(
@@ -108,7 +110,10 @@ class LocalEngine:
         seed: int = 0,
         lean_forward: bool = True,
         prefix_cache_tokens: int | None = None,
+        threads: int | None = None,
     ) -> None:
+        if threads is not None and threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
         if isinstance(model_path_or_model, (str, Path)):
             model = load_policy(model_path_or_model, dtype=dtype, device=device)
             if tokenizer is None and Path(model_path_or_model, "tokenizer_config.json").is_file():
@@ -128,6 +133,8 @@ class LocalEngine:
             raise ValueError(f"max_model_len must be >= 2 (or known from the model config), got {model_len}")
         self.context_limit = min(model_len, max_kv_tokens)
         self.recompute_kv_on_update = recompute_kv_on_update
+        self.threads = threads
+        self._loop_threads = 0  # the loop thread's intra-op threads, read when it starts
         self.seed = seed
         self._scheduler = Scheduler(max_running, max_kv_tokens)
         self._cache = SlotKVCache(max_running, self.context_limit)
@@ -242,7 +249,7 @@ class LocalEngine:
         ``tokens_generated``, ``prefill_tokens``, ``decode_steps``, ``context_tokens`` (Σ over steps of the
         running sequences' lengths: the attention work), ``idle_fraction`` (loop time with nothing to run /
         time since start; ``idle_s`` and ``uptime_s`` are the two terms, ``busy_s`` their difference),
-        ``version``,
+        ``version``, ``threads`` (the loop thread's intra-op torch threads; 0 before it starts),
         ``last_update_latency_s`` (NaN before the first update), ``kv_tokens_reserved``, ``kv_capacity``
         (positions per slot currently allocated), ``prefix_hits`` (requests that continued a kept KV),
         ``prefix_reused_tokens`` (prompt positions they did not prefill), ``prefix_cached_tokens`` /
@@ -260,6 +267,7 @@ class LocalEngine:
                 uptime_s=wall,
                 busy_s=wall - idle,
                 version=float(self._version),
+                threads=float(self._loop_threads),
                 last_update_latency_s=self._last_update_latency_s,
                 kv_tokens_reserved=float(self._scheduler.reserved),
                 kv_capacity=float(self._cache.capacity),
@@ -328,6 +336,9 @@ class LocalEngine:
 
     def _run(self) -> None:
         failure: str | None = None
+        if self.threads is not None:
+            torch.set_num_threads(self.threads)
+        self._loop_threads = torch.get_num_threads()
         try:
             with torch.no_grad():
                 while self._loop_once():

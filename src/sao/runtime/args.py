@@ -37,6 +37,7 @@ __all__ = [
     "SinkArgs",
     "StalenessArgs",
     "TaskArgs",
+    "ThreadArgs",
     "TokenizerArgs",
     "TrainerArgs",
     "ValuePretrainArgs",
@@ -93,6 +94,15 @@ class ServerArgs:
     prefix_caching: bool = True  # engine.prefix_caching
     replica_gpus: float | None = None  # cluster.engine_gpus under runtime.backend=ray; None: local runtime
     rope_scaling: dict[str, Any] | None = None  # model.rope_scaling
+
+
+@dataclass(frozen=True)
+class ThreadArgs:
+    """The local runtime's torch threads as configured (`sao.runtime.threads.plan_threads` decides)."""
+
+    backend: str  # engine.backend
+    engine: int | None  # engine.threads
+    trainer: int | None  # trainer.threads
 
 
 @dataclass(frozen=True)

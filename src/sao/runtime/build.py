@@ -54,6 +54,7 @@ from .args import (
     SinkArgs,
     StalenessArgs,
     TaskArgs,
+    ThreadArgs,
     TokenizerArgs,
     TrainerArgs,
     ValuePretrainArgs,
@@ -90,6 +91,10 @@ def critic_args(algo: AlgoConfig, critic: CriticConfig, model: ModelConfig) -> C
 
 def tokenizer_args(model: ModelConfig) -> TokenizerArgs:
     return TokenizerArgs(model.chat_template, model.enable_thinking)
+
+
+def thread_args(engine: EngineConfig, trainer: TrainerConfig) -> ThreadArgs:
+    return ThreadArgs(engine.backend, engine.threads, trainer.threads)
 
 
 def engine_args(
@@ -264,6 +269,10 @@ FACTORIES: dict[str, Factory] = {
     "tokenizer": Factory(tokenizer_args, ("model",), ("model.chat_template", "model.enable_thinking"),
                          "the run's tokenizer and chat template, used by every rendering "
                          "(sao.runtime.build.build_tokenizer)"),
+    "threads": Factory(thread_args, ("engine", "trainer"),
+                       ("engine.backend", "engine.threads", "trainer.threads"),
+                       "intra-op torch threads of the local runtime's engine and trainer "
+                       "(sao.runtime.threads.plan_threads)"),
     "engine": Factory(engine_args, ("engine", "model", "trainer", "data", "cluster", "runtime"),
                       ("engine.backend", "engine.max_concurrent", "engine.threads", "engine.python",
                        "engine.attach", "engine.server_args", "engine.max_restarts", "engine.dtype",

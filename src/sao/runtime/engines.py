@@ -48,7 +48,7 @@ async def start_engine(
 
         return LocalEngine(actor_dir, tokenizer, device=args.device, dtype=args.dtype,
                            max_running=args.max_concurrent, seed=args.seed,
-                           prefix_cache_tokens=args.prefix_cache_tokens)  # fmt: skip
+                           prefix_cache_tokens=args.prefix_cache_tokens, threads=args.threads)  # fmt: skip
     try:
         if args.backend in ("vllm", "sglang"):
             return await _server_engine(args, actor_dir)

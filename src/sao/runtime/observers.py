@@ -88,6 +88,7 @@ class Books:
                 "runtime/trained": float(s.trained),
                 "runtime/dropped": float(s.dropped),
                 "runtime/engine_restarts": engine.get("restarts", 0.0),
+                "runtime/engine_threads": engine.get("threads", float("nan")),
                 "policy/version": float(record.version),
             }
         )

@@ -36,7 +36,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -62,6 +62,7 @@ from .run_logs import EpisodeLog, Timeline
 from .sampler import PromptSampler
 from .sources import Sources
 from .staleness import StalenessManager
+from .threads import plan_threads, trainer_executor
 from .weight_checks import STOPPING_ERRORS, WeightChecks, with_deadline
 from .weight_sync import InprocSync, push_dtype
 
@@ -93,6 +94,9 @@ class Run:
         self.engine: Any = None
         self._train_lock = asyncio.Lock()  # held while the actor's weights change
         self.distributed = self.parts["loop"].backend == "ray"
+        t = self.parts["threads"]  # the local runtime's torch threads; Ray actors set their own
+        self.threads = None if self.distributed else plan_threads(t.backend, t.engine, t.trainer)
+        self._trainer_pool = trainer_executor(self.threads.trainer if self.threads else None)
         self.ray: Any = None  # the Ray runtime's parts (runtime.backend=ray)
         self.actor: Any = None  # the local runtime's models (with ray they live in the trainer ranks)
         self.critic: Any = None
@@ -155,7 +159,9 @@ class Run:
         )  # fmt: skip
 
     async def _supervised_engine(self) -> SupervisedEngine:
-        args = self.parts["engine"]
+        assert self.threads is not None
+        args = dataclasses.replace(self.parts["engine"], threads=self.threads.engine)
+        self.console.print(self.threads.describe(), markup=False, highlight=False)
 
         def start() -> Any:
             return start_engine(args, self.actor_dir, self.base_dir, self.tokenizer)
@@ -354,9 +360,9 @@ class Run:
             )  # fmt: skip
         opts = dataclasses.replace(args.options, batch_size=min(args.options.batch_size, len(corpus)))
         if self.distributed:  # every rank trains on the whole corpus: the single-process update
-            result = await asyncio.to_thread(self.trainer.pretrain_value, corpus, opts)
+            result = await self._in_trainer(self.trainer.pretrain_value, corpus, opts)
         else:
-            result = await asyncio.to_thread(pretrain_value, self.critic, corpus, opts, None, self.console)
+            result = await self._in_trainer(pretrain_value, self.critic, corpus, opts, None, self.console)
         return {
             "value_pretrain/corpus_size": float(len(corpus)),
             "value_pretrain/steps": float(result.steps),
@@ -517,20 +523,38 @@ class Run:
         t1 = time.monotonic()
         capture = self.inspector.wants(self.trainer.step + 1)
         async with self._train_lock:
-            metrics = await asyncio.to_thread(
-                self.trainer.train_step, batch, policy_version=self.clock.version, capture=capture
+            metrics = await self._in_trainer(
+                self._timed_step, batch, policy_version=self.clock.version, capture=capture
             )
             self.clock.advance(len(trajs))
         return StepRecord(
             self.trainer.step, self.clock.version, batch, wait_s, time.monotonic() - t1, metrics, trajs
         )
 
+    def _timed_step(self, batch: Batch, **kwargs: Any) -> dict[str, float]:
+        """``trainer.train_step`` plus ``trainer/threads``, the intra-op torch threads of the thread it ran in
+        (the trainer's: `_in_trainer`; Ray ranks set their own from cluster.trainer_cpus)."""
+        import torch
+
+        metrics = self.trainer.train_step(batch, **kwargs)
+        if not self.distributed:
+            metrics["trainer/threads"] = float(torch.get_num_threads())
+        return metrics
+
+    async def _in_trainer(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in the trainer's thread (`sao.runtime.threads.trainer_executor`)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._trainer_pool, functools.partial(fn, *args, **kwargs))
+
     async def close(self) -> RunResult:
-        """Close the sinks and the engine; the run's result."""
+        """Close the sinks, the engine and the trainer's thread; the run's result."""
         try:
             self.sinks.close()
         finally:
-            await self._close_engine()
+            try:
+                await self._close_engine()
+            finally:
+                self._trainer_pool.shutdown(wait=False)
         sources = getattr(self, "sources", None)
         counters = {**dict(sources.counters if sources else {}), **dataclasses.asdict(self.staleness.stats())}
         counters.pop("drops_by_reason", None)
