@@ -6,6 +6,12 @@ export HF_HUB_OFFLINE ?= 1
 
 .PHONY: demo demo-bpe demo-gateway test test-slow lint format install clean test-vllm
 
+# TRL in a virtualenv of its own, for benchmarks/vs_trl.py only (sao never imports it).
+.venv-trl:
+	$(PYTHON) -m venv .venv-trl
+	.venv-trl/bin/python -m pip install --quiet torch==2.13.0
+	.venv-trl/bin/python -m pip install --quiet trl==1.16.0 transformers==5.19.0
+
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

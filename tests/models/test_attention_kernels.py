@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from sao.models.attention import (
     PACKED_EAGER_ATTENTION,
     enable_packed_attention,
     gqa_operands,
+    length_buckets,
     packed_attention_kwargs,
 )
 from sao.models.forward import token_logprobs
@@ -86,13 +88,15 @@ def test_eager_outside_a_pack_is_the_stock_padded_forward(sdpa_model):
 
 
 def test_gqa_goes_to_sdpa_as_it_is_where_the_fused_kernel_accepts_it(sdpa_model, monkeypatch):
-    """This CPU's flash kernel takes ``enable_gqa``: no K/V copy, one sdpa call per trajectory and layer."""
+    """This CPU's flash kernel takes ``enable_gqa``: no K/V copy, one sdpa call per bucket and layer."""
     spy = _SdpaCalls(monkeypatch)
     with torch.no_grad():
         token_logprobs(sdpa_model, BATCH)
     kv_heads = sdpa_model.config.num_key_value_heads
     assert kv_heads < sdpa_model.config.num_attention_heads
-    assert len(spy.calls) == BATCH.num_sequences * sdpa_model.config.num_hidden_layers
+    lengths = tuple(BATCH.cu_seqlens.diff().tolist())
+    assert 1 < len(length_buckets(lengths)) < BATCH.num_sequences  # some batched, some alone
+    assert len(spy.calls) == len(length_buckets(lengths)) * sdpa_model.config.num_hidden_layers
     assert set(spy.calls) == {(kv_heads, True)}
 
 
@@ -175,3 +179,38 @@ def test_on_cuda_no_packed_sdpa_call_lands_on_the_math_kernel(tiny_dense_dir, mo
         with torch.no_grad():
             token_logprobs(model, batch)
         assert chosen and SDPBackend.MATH.value not in chosen, dtype
+
+
+@pytest.mark.parametrize("lengths", [(5, 19, 7, 13, 9), (8, 8, 8, 8), (1, 2, 3, 300, 301, 40), (17,)])
+def test_length_buckets_batch_padded_calls_within_the_padding_budget(lengths):
+    buckets = length_buckets(lengths)
+    assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))  # each trajectory once
+    for bucket in buckets:
+        longest = max(lengths[i] for i in bucket)
+        assert len(bucket) * longest**2 <= 1.25 * sum(lengths[i] ** 2 for i in bucket)
+    if len(set(lengths)) == 1:
+        assert len(buckets) == 1  # equal lengths: one call
+
+
+@pytest.mark.parametrize("lengths", [(5, 19, 7, 13, 9), (6, 6, 6), (30, 2, 29, 31, 1)])
+def test_bucketed_sdpa_equals_one_call_per_trajectory(lengths):
+    """Right padding under a causal mask leaves every real row as the per-trajectory call computes it (up to
+    float rounding: the kernel blocks a longer row differently)."""
+    from sao.models.attention import _bucketed_sdpa, _Pack, _sdpa_causal
+
+    gen = torch.Generator().manual_seed(0)
+    total = sum(lengths)
+    q = torch.randn(1, 4, total, 16, generator=gen, requires_grad=True)
+    k = torch.randn(1, 2, total, 16, generator=gen, requires_grad=True)
+    v = torch.randn(1, 2, total, 16, generator=gen, requires_grad=True)
+    bounds = (0, *itertools.accumulate(lengths))
+    pack = _Pack(torch.tensor(bounds), bounds)
+    got = _bucketed_sdpa(pack, q, k, v, 0.0, None)
+    want = torch.cat([_sdpa_causal(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], 0.0, None)
+                      for a, b in itertools.pairwise(bounds)], dim=2)  # fmt: skip
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    upstream = torch.randn_like(want)
+    got_grads = torch.autograd.grad(got, (q, k, v), upstream)
+    want_grads = torch.autograd.grad(want, (q, k, v), upstream)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)

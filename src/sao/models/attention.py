@@ -7,7 +7,9 @@ trajectory boundaries and thrown away. The implementations registered here inste
 trajectory's slice (one call per trajectory, never per token), so the work is Σ L_b² and no mask is
 materialised:
 
-- ``sdpa`` → ``sao_varlen``: ``scaled_dot_product_attention(is_causal=True)`` per trajectory;
+- ``sdpa`` → ``sao_varlen``: ``scaled_dot_product_attention(is_causal=True)`` per trajectory, trajectories of
+  similar length batched into one call (`length_buckets`: right-padded to the bucket's longest, which causal
+  attention makes exact for every real position; padding work bounded by `PAD_BUDGET`);
 - ``eager`` → ``sao_varlen_eager``: softmax(QKᵀ·scale + causal mask) V per trajectory, written out (softmax in
   float32, as transformers' eager attention): a reference to check a kernel against, O(L_b²) memory;
 - ``flash_attention_2`` → transformers' own ``flash_attention_2``, which reads the pack from the
@@ -85,6 +87,87 @@ ATTN_IMPLEMENTATIONS: dict[str, str] = {
 class _Pack(NamedTuple):
     cu_seqlens: Tensor  # (B + 1,) int
     bounds: tuple[int, ...]  # the same on the host, so attention layers never sync with the device
+
+
+PAD_BUDGET = 1.25  # a bucket's padded attention work (count × longest²) may exceed its real work by this
+
+
+def length_buckets(lengths: tuple[int, ...], budget: float = PAD_BUDGET) -> list[list[int]]:
+    """Trajectories grouped for one padded attention call each: indices into ``lengths``, shortest first;
+    a bucket takes the next longer trajectory while ``count × longest² <= budget × Σ length²`` (the causal
+    attention work of the padded call against that of the per-trajectory calls)."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    buckets: list[list[int]] = []
+    work = 0
+    for i in order:
+        length = lengths[i]
+        if buckets and (len(buckets[-1]) + 1) * length**2 <= budget * (work + length**2):
+            buckets[-1].append(i)
+            work += length**2
+        else:
+            buckets.append([i])
+            work = length**2
+    return buckets
+
+
+class _Gather(NamedTuple):
+    """Index tensors of one pack's bucketed attention (built once per pack and device)."""
+
+    buckets: tuple[tuple[int, int, int], ...]  # per bucket: (count, longest, start of its first trajectory)
+    gathers: tuple[Tensor | None, ...]  # per bucket: (count × longest,) packed positions, padded by repeats;
+    # None for a bucket of one trajectory, which is sliced, not copied
+    keep: Tensor  # (T,) rows of the concatenated padded outputs that are real positions, in packed order
+
+
+_GATHER_CACHE: dict[tuple[tuple[int, ...], str], _Gather] = {}
+
+
+def _gather_plan(bounds: tuple[int, ...], device: torch.device) -> _Gather:
+    key = (bounds, str(device))
+    plan = _GATHER_CACHE.get(key)
+    if plan is not None:
+        return plan
+    starts, lengths = bounds[:-1], tuple(b - a for a, b in itertools.pairwise(bounds))
+    shapes, gathers, rows = [], [], [0] * bounds[-1]
+    offset = 0  # rows of the concatenated bucket outputs so far
+    for bucket in length_buckets(lengths):
+        longest = max(lengths[i] for i in bucket)
+        index = []
+        for slot, i in enumerate(bucket):
+            a, n = starts[i], lengths[i]
+            index.extend(a + min(j, n - 1) for j in range(longest))  # padding repeats the last position
+            for j in range(n):
+                rows[a + j] = offset + slot * longest + j
+        shapes.append((len(bucket), longest, starts[bucket[0]]))
+        gathers.append(torch.tensor(index, dtype=torch.long, device=device) if len(bucket) > 1 else None)
+        offset += len(bucket) * longest
+    plan = _Gather(tuple(shapes), tuple(gathers), torch.tensor(rows, dtype=torch.long, device=device))
+    if len(_GATHER_CACHE) > 64:  # one entry per distinct pack: micro-batches of recent steps
+        _GATHER_CACHE.clear()
+    _GATHER_CACHE[key] = plan
+    return plan
+
+
+def _bucketed_sdpa(pack: _Pack, query: Tensor, key: Tensor, value: Tensor, dropout: float,
+                   scale: float | None) -> Tensor:  # fmt: skip
+    """``query (1, H, T, D)``, ``key``/``value`` ``(1, H_kv, T, D)`` → ``(1, H, T, D)``: causal sdpa within
+    each trajectory, one call per length bucket on right-padded ``(count, H, longest, D)`` operands. Causal
+    attention never lets a real position read a later (padding) one, so every real row is the
+    per-trajectory result; the padded rows are dropped. A bucket of one trajectory is a slice (no copy)."""
+    plan = _gather_plan(pack.bounds, query.device)
+    outputs = []
+    for (count, longest, start), index in zip(plan.buckets, plan.gathers, strict=True):
+
+        def padded(x: Tensor, count: int = count, longest: int = longest, start: int = start,
+                   index: Tensor | None = index) -> Tensor:  # fmt: skip
+            if index is None:
+                return x[:, :, start : start + longest]
+            heads, dim = x.shape[1], x.shape[3]
+            return x[0].index_select(1, index).view(heads, count, longest, dim).transpose(0, 1)
+
+        out = _sdpa_causal(padded(query), padded(key), padded(value), dropout, scale)  # (count, H, L, D)
+        outputs.append(out.transpose(0, 1).reshape(query.shape[1], count * longest, query.shape[3]))
+    return torch.cat(outputs, dim=1).index_select(1, plan.keep).unsqueeze(0)
 
 
 _PACK: ContextVar[_Pack | None] = ContextVar("sao_packed_cu_seqlens", default=None)
@@ -219,6 +302,8 @@ def _per_trajectory(
         raise NotImplementedError(f"{PACKED_ATTENTION} implements full causal attention only")
     # A mask here can only be transformers' own block-diagonal one (the pack was passed as keywords outside
     # packed_context); cu_seqlens describe the same pattern, so it is not needed.
+    if kernel is _sdpa_causal and len(pack.bounds) > 2:
+        return _bucketed_sdpa(pack, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None
     outputs = [
         kernel(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout, scaling)
         for a, b in itertools.pairwise(pack.bounds)
