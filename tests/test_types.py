@@ -204,6 +204,25 @@ def trajectories(draw, max_trajs: int = 5) -> list[Trajectory]:
     return out
 
 
+@settings(max_examples=80, deadline=None)
+@given(trajs=trajectories(), per_turn=st.lists(st.booleans(), min_size=5, max_size=5))
+def test_whole_batch_check_packs_what_the_per_trajectory_check_packs(trajs, per_turn):
+    """`Batch.from_trajectories` checks a valid batch with whole-batch operations; the tensors are those
+    of the trajectories' own checks, concatenated (outcome and per-turn rewards, back-to-back turns)."""
+    for traj, turns in zip(trajs, per_turn, strict=False):
+        if turns:
+            traj.rewards = [float(i) - 0.5 for i in range(traj.num_turns)]
+    batch = Batch.from_trajectories(trajs)
+    parts = [t._validated_tensors() for t in trajs]
+    assert torch.equal(batch.token_ids, torch.cat([p.token_ids for p in parts]))
+    assert torch.equal(batch.action_mask, torch.cat([p.action for p in parts]))
+    assert torch.equal(batch.rollout_logprobs, torch.cat([p.logprobs for p in parts]).float())
+    assert torch.equal(batch.versions, torch.cat([p.versions for p in parts]))
+    assert torch.equal(batch.turn_ids, torch.cat([p.turn_ids for p in parts]))
+    assert torch.equal(batch.token_rewards, torch.cat([p.token_rewards for p in parts]).float())
+    assert batch.token_ids.dtype == batch.versions.dtype == batch.turn_ids.dtype == torch.long
+
+
 @settings(max_examples=60, deadline=None)
 @given(trajs=trajectories(), side=st.sampled_from(["left", "right"]))
 def test_pad_unpad_round_trip_and_padded_layout(trajs, side):

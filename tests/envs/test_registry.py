@@ -122,6 +122,22 @@ def test_user_env_from_a_file_path(tmp_path):
     assert load_env_class(f"{tmp_path / 'my_env.py'}:MyEnv").__name__ == "MyEnv"
 
 
+def test_a_user_env_file_is_imported_once_for_all_its_episodes(tmp_path):
+    (tmp_path / "counted_env.py").write_text(
+        USER_ENV + "\nimport builtins\nbuiltins.sao_test_imports = "
+        "getattr(builtins, 'sao_test_imports', 0) + 1\n"
+    )
+    import builtins
+
+    source = f"{tmp_path / 'counted_env.py'}:MyEnv"
+    envs = [make_env(source) for _ in range(5)]
+    try:
+        assert builtins.sao_test_imports == 1  # one import, one class, five envs
+        assert len({type(e) for e in envs}) == 1
+    finally:
+        del builtins.sao_test_imports
+
+
 def test_user_env_from_a_module_path(tmp_path, monkeypatch):
     (tmp_path / "user_envs_pkg").mkdir()
     (tmp_path / "user_envs_pkg" / "__init__.py").write_text("")
