@@ -98,8 +98,8 @@ def profile(model: Path, preset: str) -> None:
     batches = [_batch(s) for s in range(4)]
     for i in range(3):
         trainer.train_step(batches[i % 4], policy_version=i)
-    phases = {"forward": step_module.token_logprobs, "optimizer": torch.optim.AdamW.step,
-              "backward": torch.Tensor.backward}  # fmt: skip
+    phases = {"forward": step_module.token_logprobs, "critic fwd": step_module.token_values,
+              "optimizer": torch.optim.AdamW.step, "backward": torch.Tensor.backward}  # fmt: skip
 
     def spanned(name, fn):
         def wrapped(*args, **kwargs):
@@ -109,6 +109,7 @@ def profile(model: Path, preset: str) -> None:
         return wrapped
 
     step_module.token_logprobs = spanned("forward", phases["forward"])
+    step_module.token_values = spanned("critic fwd", phases["critic fwd"])
     torch.optim.AdamW.step = spanned("optimizer", phases["optimizer"])
     torch.Tensor.backward = spanned("backward", phases["backward"])
     try:
@@ -118,11 +119,15 @@ def profile(model: Path, preset: str) -> None:
                     trainer.train_step(batches[i % 4], policy_version=i)
     finally:
         step_module.token_logprobs = phases["forward"]
+        step_module.token_values = phases["critic fwd"]
         torch.optim.AdamW.step = phases["optimizer"]
         torch.Tensor.backward = phases["backward"]
     events = {e.key: e.cpu_time_total / 1e3 / 5 for e in prof.key_averages() if e.key.startswith("phase::")}
     total = events.pop("phase::step")
-    print(f"{preset}: trainer step {total:.1f} ms (under the profiler, 1 thread), of which:")
+    print(
+        f"{preset}: trainer step {total:.1f} ms (under the profiler, 1 thread), of which ('forward' is the "
+        "actor's, 'backward' both models'):"
+    )
     for key, ms in sorted(events.items(), key=lambda kv: -kv[1]):
         print(f"  {key.removeprefix('phase::'):10s} {ms:6.1f} ms  {ms / total:5.1%}")
     rest = total - sum(events.values())
@@ -140,8 +145,10 @@ def main() -> None:
     p.add_argument("--measure", default=None, help=argparse.SUPPRESS)  # internal: MODEL:PRESET
     args = p.parse_args()
     import torch
+    from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(1)
+    hf_logging.set_verbosity_error()
     if args.measure:
         model, preset = args.measure.rsplit(":", 1)
         print(json.dumps({"step_s": measure(Path(model), preset, args.steps)}))
