@@ -52,7 +52,7 @@ demo: install
 	$(BIN)/sao config configs/quickstart.yaml > /dev/null
 	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(QS)/base
 	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --out $(QS)/chats.jsonl
-	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
+	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1500 --lr 3e-3 \
 		--batch-size 32 --eval-every 250
 	$(BIN)/python examples/make_env_tasks.py --env calculator --n 64 --seed 123 --out $(QS)/heldout.jsonl
 	$(BIN)/sao eval --model $(QS)/sft $(QS_EVAL) --out $(QS)/eval_sft.json
@@ -102,7 +102,7 @@ demo-gateway: install $(QS)/sft/config.json
 $(QS)/sft/config.json: | install
 	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(QS)/base
 	$(BIN)/python examples/make_tool_chats.py --n 4000 --direct-frac $(QS_DIRECT) --out $(QS)/chats.jsonl
-	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1000 --lr 3e-3 \
+	$(BIN)/sao sft --model $(QS)/base --data $(QS)/chats.jsonl --out $(QS)/sft --steps 1500 --lr 3e-3 \
 		--batch-size 32 --eval-every 250
 
 # The paper's claims at small scale (docs/results.md): the warm starts, then every spec under experiments/

@@ -1,14 +1,23 @@
-"""The TRL arm of `benchmarks/vs_trl.py`: one `trl.GRPOTrainer` run on the charset job, one JSON line out.
+"""The TRL arm of `benchmarks/vs_trl.py`: one `trl.GRPOTrainer` run on one job, one JSON line out.
 
 Runs in TRL's own virtualenv (``.venv-trl``: trl, transformers, torch CPU; no sao), so sao never depends on
-TRL. The job is `benchmarks/charset_env.py` (the same prompts and reward sao's ``CharsetEnv`` uses), as
-conversational prompts so the model's chat template is applied as sao applies it. Everything is logged to
-stderr; stdout gets one JSON object at the end::
+TRL. Jobs (``--job``), each the same prompts and reward sao uses, as conversational prompts so the model's
+chat template is applied as sao applies it:
 
-    {"arm": "trl_grpo", "steps", "wall_s" (train() wall, s), "step_s" (per optimizer step: on_step_begin to
-     on_step_end, generation included, s), "gen_s" (per step: generation + reward scoring, s), "reward"
-     (per-step batch mean), "completion_len" (per-step mean completion tokens), "trajectories",
-     "threads", "torch_threads" (torch's intra-op count during training), "trl_version", "settings"}
+- ``charset`` (default): `benchmarks/charset_env.py`, one turn, at most ``--max-new-tokens`` (10) tokens;
+- ``calculator``: sao's built-in ``calculator`` env (`benchmarks/calculator_job.py`), multi-turn with
+  TRL's tool calling (``tools=[calc]``): at most 3 assistant turns of ``--max-new-tokens`` (64) tokens
+  each; needs a model that already makes ``<tool_call>`` calls (SFT on examples/make_tool_chats.py).
+  See `tool_settings` for how TRL's loop is set up and where it differs from sao's episode.
+
+Everything is logged to stderr; stdout gets one JSON object at the end::
+
+    {"arm": "trl_grpo", "job", "steps", "wall_s" (train() wall, s), "step_s" (per optimizer step:
+     on_step_begin to on_step_end, generation included, s), "gen_s" (per step: generation + reward
+     scoring, s), "reward" (per-step batch mean), "completion_len" (per-step mean completion tokens, model
+     tokens only), "tool_calls" (calculator: per-step mean tool calls per completion, TRL's
+     ``tools/call_frequency``), "tool_failures" (share of calls that raised), "trajectories", "threads",
+     "torch_threads" (torch's intra-op count during training), "trl_version", "settings"}
 
 TRL settings chosen to match sao's ``algo=grpo`` preset and trainer defaults (docs in `grpo_settings`).
 """
@@ -17,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 import tempfile
@@ -27,9 +37,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from charset_env import charset_reward, make_prompts
+import calculator_job
+import charset_env
 
 ARM = "trl_grpo"
+JOBS = ("charset", "calculator")
+DEFAULT_MAX_NEW_TOKENS = {"charset": 10, "calculator": 64}  # calculator: per turn, sao eval's setting
+# Prepended to the chat template for the tool job: a top-level set shadows the render variable, so TRL's
+# prompts (rendered with tools=[calc]) get no tool-schema system turn, as sao's calculator prompts have none.
+NO_TOOL_SCHEMA = "{%- set tools = none -%}\n"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,14 +54,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=60, help="Optimizer steps.")
     p.add_argument("--prompts-per-step", type=int, default=4, help="Prompts per step (GRPO groups).")
     p.add_argument("--generations", type=int, default=8, help="Completions per prompt (group size).")
-    p.add_argument("--max-new-tokens", type=int, default=10, help="Completion length cap (tokens).")
+    p.add_argument("--job", choices=JOBS, default="charset", help="Task and reward (module docstring).")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="Tokens per completion (charset, default 10) or per assistant turn (calculator, default 64).",
+    )
+    p.add_argument(
+        "--tool-result-tokens",
+        type=int,
+        default=64,
+        help="calculator: completion budget per tool message, template tokens included (this byte-level "
+        "template: 24 + the result's characters).",
+    )
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (constant).")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads.")
     p.add_argument("--seed", type=int, default=0, help="Training and prompt seed.")
     p.add_argument("--temperature", type=float, default=1.0, help="Sampling temperature.")
     p.add_argument("--num-tasks", type=int, default=4096, help="Prompts in the dataset (sao asks 4096).")
     args = p.parse_args(argv)
-    for name in ("steps", "prompts_per_step", "generations", "max_new_tokens", "threads", "num_tasks"):
+    if args.max_new_tokens is None:
+        args.max_new_tokens = DEFAULT_MAX_NEW_TOKENS[args.job]
+    names = ("steps", "prompts_per_step", "generations", "max_new_tokens", "tool_result_tokens", "threads")
+    for name in (*names, "num_tasks"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     if not (Path(args.model) / "config.json").is_file():
@@ -108,20 +140,70 @@ def grpo_settings(args: argparse.Namespace, output_dir: str) -> dict[str, Any]:
     }
 
 
-def build_dataset(n: int, seed: int):
-    """In-memory Dataset: conversational ``prompt`` plus the ``allowed`` column the reward reads."""
+def tool_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """GRPOConfig keyword arguments of the calculator job, on top of `grpo_settings`.
+
+    sao's episode (``data.env=calculator``): at most 3 assistant turns of up to ``--max-new-tokens`` each;
+    a turn with ``<tool_call>`` gets the tool's ``tool`` message and the episode goes on; a turn without
+    one is the answer and ends it. TRL's loop made to match:
+
+    - ``max_tool_calling_iterations`` 2: the first generation plus at most 2 after tool results = 3 turns;
+      a 3rd turn that still calls the tool ends the completion there (sao: turn budget spent, reward 0;
+      here: the last message has tool_calls, reward 0);
+    - ``generation_kwargs.max_new_tokens``: each turn's own cap (TRL otherwise lets every turn generate up
+      to ``max_completion_length``);
+    - ``max_completion_length``: ONE budget for all turns *and* the tool messages between them (TRL counts
+      tool-result tokens, template included, against it; a tool result that would overflow it is dropped
+      and the completion ends at the call): 3 turns + 2 tool messages of ``--tool-result-tokens``.
+    """
+    turns = calculator_job.MAX_TURNS
+    return {
+        "max_completion_length": turns * args.max_new_tokens + (turns - 1) * args.tool_result_tokens,
+        "max_tool_calling_iterations": turns - 1,
+        "generation_kwargs": {"max_new_tokens": args.max_new_tokens},
+    }
+
+
+def build_dataset(job: str, n: int, seed: int):
+    """In-memory Dataset: conversational ``prompt`` (one user message, as sao's env starts) plus the column
+    the job's reward reads (charset: ``allowed``; calculator: ``answer``)."""
     from datasets import Dataset
 
-    rows = [
-        {"prompt": [{"role": "user", "content": p["text"]}], "allowed": p["allowed"]}
-        for p in make_prompts(n, seed)
-    ]
+    if job == "charset":
+        rows = [
+            {"prompt": [{"role": "user", "content": p["text"]}], "allowed": p["allowed"]}
+            for p in charset_env.make_prompts(n, seed)
+        ]
+    else:
+        rows = [
+            {"prompt": [{"role": "user", "content": p["text"]}], "answer": p["answer"]}
+            for p in calculator_job.make_prompts(n, seed)
+        ]
     return Dataset.from_list(rows)
 
 
 def reward_charset(completions: list[list[dict[str, str]]], allowed: list[str], **_: Any) -> list[float]:
     """TRL reward function: `charset_reward` of each assistant reply against its prompt's set."""
-    return [charset_reward(c[-1]["content"] or "", a) for c, a in zip(completions, allowed, strict=True)]
+    reward = charset_env.charset_reward
+    return [reward(c[-1]["content"] or "", a) for c, a in zip(completions, allowed, strict=True)]
+
+
+def reward_calculator(completions: list[list[dict[str, Any]]], answer: list[int], **_: Any) -> list[float]:
+    """TRL reward function: sao's calculator outcome on each completion's messages (assistant turns and
+    the ``tool`` messages TRL appended with `calculator_job.calc`'s results)."""
+    reward = calculator_job.calculator_reward
+    return [reward(a, c) for c, a in zip(completions, answer, strict=True)]
+
+
+def prepare_tool_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer for TRL's tool loop: Qwen3's response template (so TRL parses our
+    ``<tool_call>{json}</tool_call>`` turns; TRL does not recognise the tiny model's template and sets none),
+    and the chat template made to render no tool schema (`NO_TOOL_SCHEMA`)."""
+    from trl.chat_template_utils import qwen3_template
+
+    tokenizer.response_template = copy.deepcopy(qwen3_template)
+    tokenizer.chat_template = NO_TOOL_SCHEMA + tokenizer.chat_template
+    return tokenizer
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -139,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             self.step_s: list[float] = []
             self.reward: list[float] = []
             self.completion_len: list[float] = []
+            self.tool_calls: list[float] = []
+            self.tool_failures: list[float] = []
             self.torch_threads: set[int] = set()
             self._t0 = 0.0
 
@@ -153,6 +237,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if logs and "reward" in logs:
                 self.reward.append(float(logs["reward"]))
                 self.completion_len.append(float(logs.get("completions/mean_length", float("nan"))))
+                if "tools/call_frequency" in logs:
+                    self.tool_calls.append(float(logs["tools/call_frequency"]))
+                    self.tool_failures.append(float(logs.get("tools/failure_frequency", float("nan"))))
 
     class TimedGRPOTrainer(GRPOTrainer):
         """Records the wall of each generation + scoring call (TRL makes one per optimizer step here)."""
@@ -168,17 +255,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     t_start = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(args.model, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    dataset = build_dataset(args.num_tasks, args.seed)
+    dataset = build_dataset(args.job, args.num_tasks, args.seed)
     timer = StepTimer()
+    job: dict[str, Any] = {"reward_funcs": reward_charset}
+    if args.job == "calculator":
+        tokenizer = prepare_tool_tokenizer(tokenizer)
+        job = {"reward_funcs": reward_calculator, "tools": [calculator_job.calc]}
     with tempfile.TemporaryDirectory(prefix="trl_arm_") as out_dir:
         settings = grpo_settings(args, out_dir)
+        if args.job == "calculator":
+            settings.update(tool_settings(args))
         trainer = TimedGRPOTrainer(
             model=model,
-            reward_funcs=reward_charset,
             args=GRPOConfig(**settings),
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=[timer],
+            **job,
         )
         trainer.gen_s = []
         torch.set_num_threads(args.threads)  # in case a library reset it while building the trainer
@@ -189,12 +282,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     settings.pop("output_dir")
     result = {
         "arm": ARM,
+        "job": args.job,
         "steps": len(timer.step_s),
         "wall_s": wall,
         "step_s": timer.step_s,
         "gen_s": trainer.gen_s,
         "reward": timer.reward,
         "completion_len": timer.completion_len,
+        "tool_calls": timer.tool_calls,
+        "tool_failures": timer.tool_failures,
         "trajectories": len(timer.step_s) * args.prompts_per_step * args.generations,
         "threads": args.threads,
         "torch_threads": sorted(timer.torch_threads),

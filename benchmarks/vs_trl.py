@@ -1,9 +1,16 @@
 """Benchmark: sao side by side with TRL's `GRPOTrainer` on the same job, arms interleaved and repeated.
 
-The job (`charset_env.py`): one-turn tasks "Write only characters from: <set>", rewarded by the share of
-allowed characters; the quickstart-size Qwen3-MoE (``sao init-model --arch qwen3_moe --size small``, built
-once per benchmark, both sides load the same directory); 32 completions per step (4 prompts x 8 for the
-GRPO arms), at most 10 new tokens, lr 3e-3, constant, no KL, float32 on CPU.
+Jobs (``--job``; both sides load the same model directory; 32 completions per step, 4 prompts x 8 for the
+GRPO arms; constant lr, no KL, float32 on CPU):
+
+- ``charset`` (default): one-turn tasks "Write only characters from: <set>" (`charset_env.py`), rewarded by
+  the share of allowed characters; the quickstart-size Qwen3-MoE built from scratch (``sao init-model
+  --arch qwen3_moe --size small``, once per benchmark); at most 10 new tokens, lr 3e-3;
+- ``calculator``: the multi-turn tool job of the quickstart (sao's ``calculator`` env: call the ``calc``
+  tool, then answer; reward 1 for the right answer read off the tool), TRL with ``tools=[calc]``
+  (`calculator_job.py`); the model must already call the tool: ``--model`` a warm start such as the
+  quickstart's SFT checkpoint (``runs/quickstart/sft`` after ``make demo``); up to 3 turns of 64 tokens,
+  lr 1e-4.
 
 Arms (each in a process of its own, the machine's cores for each):
 
@@ -26,6 +33,7 @@ reward curves summarised (first and last 10 steps, median over repetitions), and
     make .venv-trl                                        # TRL 1.16 in its own virtualenv (once)
     python benchmarks/vs_trl.py --reps 5                  # ~20 min on 2 cores
     python benchmarks/vs_trl.py --reps 1 --steps 10       # a smoke run
+    python benchmarks/vs_trl.py --job calculator --model runs/quickstart/sft   # after make demo
 """
 
 from __future__ import annotations
@@ -48,6 +56,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 BATCH = 32  # completions per step
 GROUP = 8
+JOBS: dict[str, dict[str, Any]] = {
+    "charset": {"lr": 3e-3, "max_new_tokens": 10,
+                "sao": [f"data.env={HERE / 'charset_env.py'}:CharsetEnv", "data.max_turns=1",
+                        "data.max_total_tokens=128"]},
+    "calculator": {"lr": 1e-4, "max_new_tokens": 64,
+                   "sao": ["data.env=calculator", "data.max_turns=3", "data.max_total_tokens=355"]},
+}  # fmt: skip
 
 SAO_ARMS: dict[str, list[str]] = {
     "grpo_sync": ["algo=grpo", f"algo.group_size={GROUP}", "runtime.mode=sync"],
@@ -56,24 +71,25 @@ SAO_ARMS: dict[str, list[str]] = {
 }
 
 
-def sao_overrides(arm: str, model: Path, run_dir: Path, steps: int, seed: int) -> list[str]:
-    """The config overrides of one sao arm (module docstring)."""
+def sao_overrides(
+    arm: str, model: Path, run_dir: Path, steps: int, seed: int, job: str = "charset"
+) -> list[str]:
+    """The config overrides of one sao arm on ``job`` (module docstring)."""
     base, _, threads = arm.partition("_t")
     if base not in SAO_ARMS:
         raise ValueError(f"unknown sao arm {arm!r}")
     extra = [f"engine.threads={threads}", f"trainer.threads={threads}"] if threads else []
     return [
-        f"model.path={model}", "model.dtype=float32", "model.device=cpu",
-        f"data.env={HERE / 'charset_env.py'}:CharsetEnv", "data.max_turns=1", "data.max_total_tokens=128",
-        "engine.max_new_tokens=10", "engine.temperature=1.0",
-        "trainer.lr=3e-3", f"trainer.batch_size={BATCH}", f"trainer.total_steps={steps}",
+        f"model.path={model}", "model.dtype=float32", "model.device=cpu", *JOBS[job]["sao"],
+        f"engine.max_new_tokens={JOBS[job]['max_new_tokens']}", "engine.temperature=1.0",
+        f"trainer.lr={JOBS[job]['lr']}", f"trainer.batch_size={BATCH}", f"trainer.total_steps={steps}",
         f"trainer.seed={seed}", f"data.seed={seed}",
         f"logging.run_dir={run_dir}", "logging.tensorboard=false", f"logging.checkpoint_every={10**6}",
         *SAO_ARMS[base], *extra,
     ]  # fmt: skip
 
 
-def run_sao_arm(arm: str, model: Path, steps: int, seed: int) -> dict[str, Any]:
+def run_sao_arm(arm: str, model: Path, steps: int, seed: int, job: str) -> dict[str, Any]:
     """One sao run in this process; the figures from its metrics."""
     from sao.config import load_config
     from sao.jsonl import iter_jsonl
@@ -81,7 +97,7 @@ def run_sao_arm(arm: str, model: Path, steps: int, seed: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory(prefix=f"vs_trl_{arm}_") as tmp:
         run_dir = Path(tmp) / "run"
-        train_sync_entry(load_config(None, sao_overrides(arm, model, run_dir, steps, seed)))
+        train_sync_entry(load_config(None, sao_overrides(arm, model, run_dir, steps, seed, job)))
         rows = [r for _, r in iter_jsonl(run_dir / "metrics.jsonl") if "runtime/train_s" in r]
     first = rows[0]
     window = rows[-1]["time"] - first["time"] + first["runtime/wait_s"] + first["runtime/train_s"]
@@ -105,11 +121,11 @@ def run_arm(arm: str, args: argparse.Namespace, model: Path, rep: int) -> dict[s
     if arm == "trl":
         cmd = [args.trl_python, str(HERE / "trl_arm.py"), "--model", str(model), "--steps", str(args.steps),
                "--prompts-per-step", str(BATCH // GROUP), "--generations", str(GROUP),
-               "--max-new-tokens", "10", "--lr", "3e-3", "--threads", str(args.trl_threads),
-               "--seed", str(seed)]  # fmt: skip
+               "--max-new-tokens", str(JOBS[args.job]["max_new_tokens"]), "--lr", str(JOBS[args.job]["lr"]),
+               "--threads", str(args.trl_threads), "--seed", str(seed), "--job", args.job]  # fmt: skip
     else:
         cmd = [sys.executable, __file__, "--sao-arm", arm, "--model", str(model), "--steps", str(args.steps),
-               "--seed", str(seed)]  # fmt: skip
+               "--seed", str(seed), "--job", args.job]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if proc.returncode != 0:
         raise SystemExit(f"arm {arm} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -126,8 +142,9 @@ def reward_summary(runs: list[dict[str, Any]]) -> str:
     return f"reward first 10 steps {first.fmt('.3f')}, last 10 steps {last.fmt('.3f')}"
 
 
-def report(res: dict[str, list[dict[str, Any]]], watch: LoadWatch) -> None:
-    print(f"\nvs TRL: {BATCH} completions per step, lr 3e-3, {res[next(iter(res))][0]['steps']} steps, "
+def report(res: dict[str, list[dict[str, Any]]], watch: LoadWatch, job: str) -> None:
+    print(f"\nvs TRL, job {job}: {BATCH} completions per step, lr {JOBS[job]['lr']:g}, "
+          f"{res[next(iter(res))][0]['steps']} steps, "
           f"{len(next(iter(res.values())))} repetitions, {watch.cores} cores")  # fmt: skip
     for arm, runs in res.items():
         walls = Spread(tuple(r["wall_s"] for r in runs))
@@ -172,10 +189,16 @@ def main() -> None:
     parser.add_argument("--trl-threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", default=None, help="write every run's figures to this JSON file")
     parser.add_argument("--sao-arm", default=None, help=argparse.SUPPRESS)  # internal: one sao run
-    parser.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--job", default="charset", choices=sorted(JOBS))
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="the model directory (default for charset: a fresh "
+        "small Qwen3-MoE; calculator needs a warm start that calls the tool)",
+    )
     args = parser.parse_args()
     if args.sao_arm:
-        print(json.dumps(run_sao_arm(args.sao_arm, Path(args.model), args.steps, args.seed)))
+        print(json.dumps(run_sao_arm(args.sao_arm, Path(args.model), args.steps, args.seed, args.job)))
         return
     arms = args.arms.split(",")
     if "trl" in arms and not Path(args.trl_python).is_file():
@@ -183,9 +206,17 @@ def main() -> None:
             f"no TRL virtualenv at {args.trl_python}: run `make .venv-trl` (or pass --trl-python)"
         )
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
-        model = Path(tmp) / "model"
-        subprocess.run([sys.executable, "-m", "sao", "init-model", "--arch", "qwen3_moe", "--size", "small",
-                        "--out", str(model)], check=True, capture_output=True)  # fmt: skip
+        if args.model:
+            model = Path(args.model).resolve()
+        elif args.job == "charset":
+            model = Path(tmp) / "model"
+            init = ["init-model", "--arch", "qwen3_moe", "--size", "small", "--out", str(model)]
+            subprocess.run([sys.executable, "-m", "sao", *init], check=True, capture_output=True)
+        else:
+            raise SystemExit(
+                "--job calculator needs --model: a warm start that calls the tool "
+                "(e.g. runs/quickstart/sft after make demo)"
+            )
         watch = LoadWatch()
 
         def show(arm: str, rep: int, r: dict[str, Any]) -> None:
@@ -194,7 +225,7 @@ def main() -> None:
 
         runners = {arm: (lambda rep, a=arm: run_arm(a, args, model, rep)) for arm in arms}
         res = interleaved(runners, args.reps, show)
-    report(res, watch)
+    report(res, watch, args.job)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))
