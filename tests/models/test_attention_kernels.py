@@ -13,6 +13,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend
 
 from sao.models.attention import (
+    BUCKET_MAX_TOKENS,
     PACKED_EAGER_ATTENTION,
     enable_packed_attention,
     gqa_operands,
@@ -181,15 +182,18 @@ def test_on_cuda_no_packed_sdpa_call_lands_on_the_math_kernel(tiny_dense_dir, mo
         assert chosen and SDPBackend.MATH.value not in chosen, dtype
 
 
-@pytest.mark.parametrize("lengths", [(5, 19, 7, 13, 9), (8, 8, 8, 8), (1, 2, 3, 300, 301, 40), (17,)])
+@pytest.mark.parametrize(
+    "lengths", [(5, 19, 7, 13, 9), (8, 8, 8, 8), (1, 2, 3, 300, 301, 40), (17,), (200, 200), (128, 128)]
+)
 def test_length_buckets_batch_padded_calls_within_the_padding_budget(lengths):
     buckets = length_buckets(lengths)
     assert sorted(i for b in buckets for i in b) == list(range(len(lengths)))  # each trajectory once
     for bucket in buckets:
         longest = max(lengths[i] for i in bucket)
         assert len(bucket) * longest**2 <= 1.25 * sum(lengths[i] ** 2 for i in bucket)
-    if len(set(lengths)) == 1:
-        assert len(buckets) == 1  # equal lengths: one call
+        assert len(bucket) == 1 or longest <= BUCKET_MAX_TOKENS  # long ones alone: no padded copies
+    if len(set(lengths)) == 1 and lengths[0] <= BUCKET_MAX_TOKENS:
+        assert len(buckets) == 1  # equal short lengths: one call
 
 
 @pytest.mark.parametrize("lengths", [(5, 19, 7, 13, 9), (6, 6, 6), (30, 2, 29, 31, 1)])

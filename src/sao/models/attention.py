@@ -9,7 +9,8 @@ materialised:
 
 - ``sdpa`` → ``sao_varlen``: ``scaled_dot_product_attention(is_causal=True)`` per trajectory, trajectories of
   similar length batched into one call (`length_buckets`: right-padded to the bucket's longest, which causal
-  attention makes exact for every real position; padding work bounded by `PAD_BUDGET`);
+  attention makes exact for every real position; padding work bounded by `PAD_BUDGET`; trajectories up to
+  `BUCKET_MAX_TOKENS` only);
 - ``eager`` → ``sao_varlen_eager``: softmax(QKᵀ·scale + causal mask) V per trajectory, written out (softmax in
   float32, as transformers' eager attention): a reference to check a kernel against, O(L_b²) memory;
 - ``flash_attention_2`` → transformers' own ``flash_attention_2``, which reads the pack from the
@@ -90,18 +91,27 @@ class _Pack(NamedTuple):
 
 
 PAD_BUDGET = 1.25  # a bucket's padded attention work (count × longest²) may exceed its real work by this
+# Only trajectories up to this many tokens are batched: for them one kernel call each costs more than the
+# attention itself; longer ones gain nothing from sharing a call, and their padded copies of q, k, v
+# (saved for backward) would add activation memory the planner's per-token model does not count.
+BUCKET_MAX_TOKENS = 128
 
 
 def length_buckets(lengths: tuple[int, ...], budget: float = PAD_BUDGET) -> list[list[int]]:
     """Trajectories grouped for one padded attention call each: indices into ``lengths``, shortest first;
     a bucket takes the next longer trajectory while ``count × longest² <= budget × Σ length²`` (the causal
-    attention work of the padded call against that of the per-trajectory calls)."""
+    attention work of the padded call against that of the per-trajectory calls) and it has at most
+    `BUCKET_MAX_TOKENS` tokens; a longer trajectory is a bucket of its own (a slice, no copy)."""
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     buckets: list[list[int]] = []
     work = 0
     for i in order:
         length = lengths[i]
-        if buckets and (len(buckets[-1]) + 1) * length**2 <= budget * (work + length**2):
+        if (
+            buckets
+            and length <= BUCKET_MAX_TOKENS
+            and (len(buckets[-1]) + 1) * length**2 <= budget * (work + length**2)
+        ):
             buckets[-1].append(i)
             work += length**2
         else:
