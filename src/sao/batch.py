@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
-import numbers
 from collections.abc import Sequence
 from typing import Literal, NoReturn
 
 import torch
 from torch import Tensor
 
-from sao.trajectory import _PER_TOKEN_LISTS, Trajectory, TrajectoryError, _first_bad_token, _TokenTensors
+from sao.trajectory import (
+    _PER_TOKEN_LISTS,
+    Trajectory,
+    TrajectoryError,
+    _action_span_ends,
+    _first_bad_token,
+    _TokenTensors,
+)
 
 __all__ = ["Batch", "BatchError", "PaddedBatch"]
 
@@ -89,17 +94,15 @@ def _pack_checked(trajs: Sequence[Trajectory]) -> tuple[_TokenTensors, list[int]
         return None
     counts = torch.tensor(lengths)
     seq_ids = torch.repeat_interleave(torch.arange(len(trajs)), counts)
-    continues = torch.zeros_like(action)  # the next token continues this token's action span
-    continues[:-1] = action[1:] & (turn_ids[1:] == turn_ids[:-1]) & (seq_ids[1:] == seq_ids[:-1])
-    ends = (action & ~continues).nonzero().squeeze(-1)  # last token of every span, in order
+    ends = _action_span_ends(action, turn_ids, seq_ids)  # last token of every span, in order
     spans = torch.bincount(seq_ids[ends], minlength=len(trajs)).tolist()
     placed: list[float] = []  # the reward on each span end, in order
     for traj, n_spans in zip(trajs, spans, strict=True):
+        try:
+            traj._check_turns_and_rewards(n_spans)  # the trajectory's own rule on turns and rewards
+        except TrajectoryError:
+            return None
         rewards = traj.rewards
-        if n_spans == 0 or len(rewards) not in (1, n_spans):
-            return None
-        if not all(isinstance(r, numbers.Real) and math.isfinite(r) for r in rewards):
-            return None
         placed.extend(
             [0.0] * (n_spans - 1) + [float(rewards[0])] if len(rewards) == 1 else map(float, rewards)
         )

@@ -60,10 +60,13 @@ class _TokenTensors(NamedTuple):
     token_rewards: Tensor  # (n,) float64
 
 
-def _action_span_ends(action: Tensor, turn_ids: Tensor) -> Tensor:
-    """Sorted indices (long) of the last token of each action span. ``action`` (n,) bool; ``turn_ids`` (n,)"""
+def _action_span_ends(action: Tensor, turn_ids: Tensor, seq_ids: Tensor | None = None) -> Tensor:
+    """Sorted indices (long) of the last token of each action span. ``action`` (n,) bool; ``turn_ids`` (n,);
+    ``seq_ids`` (n,): the trajectory of each token when several are packed (a span never crosses one)."""
     next_continues_span = torch.zeros_like(action)
     next_continues_span[:-1] = action[1:] & (turn_ids[1:] == turn_ids[:-1])
+    if seq_ids is not None:
+        next_continues_span[:-1] &= seq_ids[1:] == seq_ids[:-1]
     return (action & ~next_continues_span).nonzero().squeeze(-1)
 
 

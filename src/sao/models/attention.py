@@ -137,10 +137,17 @@ def _gather_plan(bounds: tuple[int, ...], device: torch.device) -> _Gather:
     plan = _GATHER_CACHE.get(key)
     if plan is not None:
         return plan
+    if len(_GATHER_CACHE) > 64:  # one entry per distinct pack: micro-batches of recent steps
+        _GATHER_CACHE.clear()
     starts, lengths = bounds[:-1], tuple(b - a for a, b in itertools.pairwise(bounds))
+    buckets = length_buckets(lengths)
+    if all(len(b) == 1 for b in buckets):  # nothing shares a call: one slice per trajectory, no index
+        plan = _Gather((), (None,) * len(buckets), torch.empty(0, dtype=torch.long))
+        _GATHER_CACHE[key] = plan
+        return plan
     shapes, gathers, rows = [], [], [0] * bounds[-1]
     offset = 0  # rows of the concatenated bucket outputs so far
-    for bucket in length_buckets(lengths):
+    for bucket in buckets:
         longest = max(lengths[i] for i in bucket)
         index = []
         for slot, i in enumerate(bucket):
@@ -152,8 +159,6 @@ def _gather_plan(bounds: tuple[int, ...], device: torch.device) -> _Gather:
         gathers.append(torch.tensor(index, dtype=torch.long, device=device) if len(bucket) > 1 else None)
         offset += len(bucket) * longest
     plan = _Gather(tuple(shapes), tuple(gathers), torch.tensor(rows, dtype=torch.long, device=device))
-    if len(_GATHER_CACHE) > 64:  # one entry per distinct pack: micro-batches of recent steps
-        _GATHER_CACHE.clear()
     _GATHER_CACHE[key] = plan
     return plan
 
@@ -164,7 +169,7 @@ def _bucketed_sdpa(pack: _Pack, query: Tensor, key: Tensor, value: Tensor, dropo
     each trajectory, one call per length bucket on right-padded ``(count, H, longest, D)`` operands. Causal
     attention never lets a real position read a later (padding) one, so every real row is the
     per-trajectory result; the padded rows are dropped. A bucket of one trajectory is a slice (no copy)."""
-    plan = _gather_plan(pack.bounds, query.device)
+    plan = _gather_plan(pack.bounds, query.device)  # cached: the check in `_per_trajectory` built it
     outputs = []
     for (count, longest, start), index in zip(plan.buckets, plan.gathers, strict=True):
 
@@ -312,7 +317,7 @@ def _per_trajectory(
         raise NotImplementedError(f"{PACKED_ATTENTION} implements full causal attention only")
     # A mask here can only be transformers' own block-diagonal one (the pack was passed as keywords outside
     # packed_context); cu_seqlens describe the same pattern, so it is not needed.
-    if kernel is _sdpa_causal and len(pack.bounds) > 2:
+    if kernel is _sdpa_causal and any(g is not None for g in _gather_plan(pack.bounds, query.device).gathers):
         return _bucketed_sdpa(pack, query, key, value, dropout, scaling).transpose(1, 2).contiguous(), None
     outputs = [
         kernel(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b], dropout, scaling)
