@@ -41,7 +41,7 @@ import transformers
 
 from sao.config import load_config
 from sao.engine.local import LocalEngine
-from sao.envs.base import make_env
+from sao.envs.factory import make_env
 from sao.models.attention import enable_packed_attention
 from sao.models.critic import load_critic
 from sao.models.loading import load_policy, load_tokenizer, model_from_config
@@ -54,12 +54,12 @@ ARMS = ("sao", "grpo")
 
 def make_trainer(cfg, actor, critic):
     try:
-        from sao.runtime.build import build_trainer  # after the refactor
+        from sao.runtime.build import FACTORIES, build_trainer  # after the refactor
     except ImportError:
         from sao.train.step import Trainer
 
         return Trainer(actor, critic, cfg)
-    return build_trainer(cfg, actor, critic)
+    return build_trainer(FACTORIES["trainer"](cfg), actor, critic)
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:

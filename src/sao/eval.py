@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.envs.base import Task, make_env
+from sao.envs.base import Task
+from sao.envs.factory import make_env
 
 __all__ = [
     "DEFAULT_ENV",

@@ -18,12 +18,10 @@ from sao.envs.base import (
     StepResult,
     Task,
     TrainingProgress,
-    load_env_class,
-    make_env,
-    make_env_tasks,
     notify_training_progress,
     register_env,
 )
+from sao.envs.factory import load_env_class, make_env, make_env_tasks
 
 USER_ENV = textwrap.dedent(
     """
@@ -272,6 +270,48 @@ def test_user_env_module_path_with_make_tasks(tmp_path, monkeypatch):
     finally:
         for name in ("user_tasks_pkg.games", "user_tasks_pkg"):
             sys.modules.pop(name, None)
+
+
+def _sao_imports(module: str, top_level_only: bool) -> set[str]:
+    """The ``sao.*`` modules a source file imports (all of them, or only those its module body runs)."""
+    import ast
+    import importlib.util
+
+    origin = importlib.util.find_spec(module).origin
+    tree = ast.parse(Path(origin).read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            base = module.rsplit(".", node.level)[0] + "." if node.level else ""
+            found.add(base + (node.module or ""))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("sao")}
+
+
+def test_env_modules_depend_on_base_and_never_the_other_way():
+    from sao.envs.builtin import BUILTIN_ENV_MODULES
+
+    assert _sao_imports("sao.envs.base", top_level_only=True) == set()
+    assert _sao_imports("sao.envs.builtin", top_level_only=False) == set()
+    assert {"sao.envs.base", "sao.envs.builtin"} <= _sao_imports("sao.envs.factory", top_level_only=False)
+    for module in BUILTIN_ENV_MODULES:
+        assert not {"sao.envs.factory", "sao.envs.builtin"} & _sao_imports(module, top_level_only=False)
+
+
+def test_a_fresh_process_builds_a_builtin_env_by_name_and_a_user_env_by_source(tmp_path):
+    import subprocess
+
+    (tmp_path / "my_env.py").write_text(USER_ENV)
+    source = f"{tmp_path}/my_env.py:MyEnv"
+    code = (
+        "from sao.envs import make_env\n"
+        f"print(type(make_env('calculator')).__name__, type(make_env({source!r})).__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["CalculatorEnv", "MyEnv"]
 
 
 def test_the_registry_api_is_exported_from_sao_envs():

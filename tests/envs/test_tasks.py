@@ -1,4 +1,5 @@
-"""Task files: JSONL and Parquet round trips, column mapping, ids for rows without one, clear errors."""
+"""Task files: JSONL and Parquet round trips, column mapping, ids for rows without one, and errors that name
+the file and the line (or row)."""
 
 from __future__ import annotations
 
@@ -95,11 +96,89 @@ def test_bad_files_and_rows_are_errors_that_name_them(tmp_path):
     with pytest.raises(TaskFileError, match="unknown task file format"):
         load_tasks(tmp_path / "tasks.csv")
     empty = write_jsonl(tmp_path / "empty_prompt.jsonl", [{"prompt": "ok"}, {"prompt": ""}])
-    with pytest.raises(TaskFileError, match=r"empty_prompt\.jsonl, row 1: the prompt must be"):
+    with pytest.raises(TaskFileError, match=r"empty_prompt\.jsonl:2: the prompt must be"):
         load_tasks(empty)
     dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}])
-    with pytest.raises(TaskFileError, match="task id 'x' already used"):
+    with pytest.raises(TaskFileError, match=r"dup\.jsonl:2: task id 'x' already used by .*dup\.jsonl:1$"):
         load_tasks(dup)
     with pytest.raises(ValueError, match="collide"):
         save_tasks_jsonl(tmp_path / "out.jsonl", [Task("a", "p", metadata={"answer": 1})])
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_malformed_line_is_named_by_file_and_line_number(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"prompt": "ok"}\n\n{"prompt": "a" "b"}\n')
+    message = r"tasks\.jsonl:3: invalid JSON: Expecting ',' delimiter at column 16$"
+    with pytest.raises(TaskFileError, match=message):
+        load_tasks(path)
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\n"])
+def test_a_file_without_rows_says_it_has_no_tasks(tmp_path, text):
+    path = tmp_path / "empty.jsonl"
+    path.write_text(text)
+    with pytest.raises(TaskFileError, match=r"empty\.jsonl has no tasks$"):
+        load_tasks(path)
+    with pytest.raises(TaskFileError, match=r"empty\.jsonl has no tasks$"):
+        load_tasks([write_jsonl(tmp_path / "full.jsonl", [{"prompt": "p"}]), path])
+
+
+def test_a_line_that_is_not_an_object_names_the_line_and_the_expected_columns(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text('{"question": "ok"}\n["What is 2+2?", "4"]\n')
+    with pytest.raises(
+        TaskFileError,
+        match=r"tasks\.jsonl:2: expected an object with a prompt column 'question' \(optional: 'id', "
+        r"'answer', 'tests'\), got an array \[\"What is 2\+2\?\", \"4\"\]$",
+    ):
+        load_tasks(path, prompt_field="question")
+
+
+def test_a_later_row_without_the_prompt_column_names_its_line_and_columns(tmp_path):
+    path = write_jsonl(tmp_path / "tasks.jsonl", [{"prompt": "ok"}, {"id": 2, "question": "q"}])
+    message = r"tasks\.jsonl:2: no prompt column 'prompt'; its columns are \['id', 'question'\]"
+    with pytest.raises(TaskFileError, match=message):
+        load_tasks(path)
+
+
+def test_json_arrays_are_read_and_their_errors_name_the_row_or_line(tmp_path):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"prompt": "a", "answer": 1}, {"prompt": "b", "level": 2}], indent=2))
+    assert load_tasks(good) == [Task("good-0", "a", answer=1), Task("good-1", "b", metadata={"level": 2})]
+    (tmp_path / "row.json").write_text('[{"prompt": "a"},\n 5]')
+    with pytest.raises(TaskFileError, match=r"row\.json, row 2: expected an object .* got a number 5$"):
+        load_tasks(tmp_path / "row.json")
+    (tmp_path / "broken.json").write_text('[{"prompt": "a"},\n {"prompt" 5}]')
+    with pytest.raises(TaskFileError, match=r"broken\.json:2: invalid JSON: Expecting ':' delimiter"):
+        load_tasks(tmp_path / "broken.json")
+    lines = write_jsonl(tmp_path / "lines.json", [{"prompt": "a"}, {"prompt": ""}])
+    with pytest.raises(TaskFileError, match=r"lines\.json:2: the prompt must be"):
+        load_tasks(lines)
+
+
+def test_rows_may_differ_in_columns_and_value_types(tmp_path):
+    # A table would fill the missing dict keys with None and refuse a column that changes type.
+    rows = [
+        {"prompt": "a", "tests": {"a.py": "x"}, "level": 1},
+        {"prompt": "b", "tests": {"b.py": "y"}, "level": "hard"},
+    ]
+    tasks = load_tasks(write_jsonl(tmp_path / "mixed.jsonl", rows))
+    assert [(t.tests, t.metadata) for t in tasks] == [
+        ({"a.py": "x"}, {"level": 1}),
+        ({"b.py": "y"}, {"level": "hard"}),
+    ]
+
+
+def test_a_parquet_error_names_the_one_based_row(tmp_path):
+    from datasets import Dataset
+
+    Dataset.from_list([{"prompt": "a"}, {"prompt": ""}]).to_parquet(str(tmp_path / "t.parquet"))
+    with pytest.raises(TaskFileError, match=r"t\.parquet, row 2: the prompt must be"):
+        load_tasks(tmp_path / "t.parquet")
+
+
+def test_a_file_that_is_not_utf8_is_named(tmp_path):
+    (tmp_path / "latin.jsonl").write_bytes('{"prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(TaskFileError, match=r"latin\.jsonl: not UTF-8 text"):
+        load_tasks(tmp_path / "latin.jsonl")

@@ -155,7 +155,7 @@ def test_model_from_config_builds_a_tiny_checkpoint_once(tmp_path: Path) -> None
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]  # no scratch dirs left
     assert json.loads((first / "config.json").read_text())["model_type"] == "qwen3"
-    assert model_from_config(ModelConfig(path=str(tmp_path / "ckpt")), tmp_path) == tmp_path / "ckpt"
+    assert model_from_config(ModelConfig(path=str(first)), tmp_path) == first
 
 
 def test_init_model_command(tmp_path: Path) -> None:

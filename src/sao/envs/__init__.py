@@ -1,5 +1,16 @@
-"""Environments: the `Env` protocol and registry, sandboxed tool execution, built-in task families,
-reward verifiers and judges. Knows nothing of training."""
+"""Environments: what an episode is played against, and the tasks it plays. Knows nothing of training.
+
+- The contract and the name table: `base` (`Env`, `Task`, `StepResult`, `register_env`, the scoring and
+  training-progress hooks). Building an env by name or from a user's ``file.py:Class``: `factory`
+  (`make_env`, `make_env_tasks`), which finds the built-in ones through `builtin`.
+- Task files: `tasks` (`load_tasks`, `save_tasks_jsonl`).
+- Built-in environments: `calculator`, `guess_number`, `style_shift` (graded by `judges`), `math_tir`,
+  `code_tests`, and the runtime workloads `long_tail` and `tool_latency`; `sft_data` plays SFT warm-start
+  conversations in the first three.
+- What they share: `tools` (parsing tool calls and final answers), `verify` (math answers), and the sandbox
+  for model-written code (`sandbox`, over `sandbox_command`, `sandbox_exec`, `sandbox_proc`,
+  `sandbox_root`).
+"""
 
 from .base import (
     ENV_REGISTRY,
@@ -11,12 +22,10 @@ from .base import (
     Task,
     TaskSource,
     TrainingProgress,
-    load_env_class,
-    make_env,
-    make_env_tasks,
     notify_training_progress,
     register_env,
 )
+from .factory import load_env_class, make_env, make_env_tasks
 
 __all__ = [
     "ENV_REGISTRY",

@@ -6,10 +6,12 @@ the turn's reward, and whether the episode is over. Rewards are per turn; the ep
 reward of its last turn (outcome-only environments return 0 before that). Environments never see tokens:
 the agent loop (`sao.rollout`) owns tokenisation.
 
-Users register environments by name (``@register_env("name")``) or point the config at their own file
-or module (``"path/to/my_env.py:MyEnv"`` / ``"package.module:MyEnv"``), so no fork is needed. An env that
-generates its own tasks says so (``@register_env("name", tasks=make_tasks)``, or a ``make_tasks(n, seed)``
-static/class method on the class); `make_env_tasks` asks it for them.
+Users register environments by name (``@register_env("name")``, into the table here) or point the config
+at their own file or module (``"path/to/my_env.py:MyEnv"`` / ``"package.module:MyEnv"``), so no fork is
+needed. An env that generates its own tasks says so (``@register_env("name", tasks=make_tasks)``, or a
+``make_tasks(n, seed)`` static/class method on the class). Building one by name or source is
+`sao.envs.factory` (``make_env``, ``make_env_tasks``), which reads this table; this module imports no other
+part of sao, so env modules (built-in or a user's) depend on it and never the other way round.
 
 Envs whose behaviour depends on where training stands may implement the optional
 ``set_training_progress(TrainingProgress)`` (see `Env`); `notify_training_progress` calls it when present.
@@ -20,16 +22,11 @@ the gateway with its task id) implement the optional ``score(task, messages) -> 
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
@@ -44,9 +41,6 @@ __all__ = [
     "TrainingProgress",
     "has_scorer",
     "initial_messages",
-    "load_env_class",
-    "make_env",
-    "make_env_tasks",
     "message_text",
     "notify_training_progress",
     "register_env",
@@ -246,119 +240,3 @@ def register_env(
         return factory
 
     return deco
-
-
-def load_env_class(source: str) -> Callable[..., Env]:
-    """Import ``"path/to/file.py:Name"`` or ``"package.module:Name"`` and return ``Name``."""
-    path_or_module, sep, attr = source.rpartition(":")
-    if not sep or not path_or_module or not attr:
-        raise EnvError(
-            f"env source {source!r} must look like 'path/to/env.py:ClassName' or 'module:ClassName'"
-        )
-    if path_or_module.endswith(".py"):
-        file = Path(path_or_module)
-        if not file.is_file():
-            raise EnvError(f"env source file {str(file)!r} does not exist")
-        module_name = f"sao_user_env_{abs(hash(file.resolve()))}"
-        spec = importlib.util.spec_from_file_location(module_name, file)
-        if spec is None or spec.loader is None:
-            raise EnvError(f"cannot import {str(file)!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as err:
-            raise EnvError(f"importing {str(file)!r} failed: {type(err).__name__}: {err}") from err
-    else:
-        try:
-            module = importlib.import_module(path_or_module)
-        except ImportError as err:
-            raise EnvError(f"cannot import module {path_or_module!r}: {err}") from err
-    try:
-        return getattr(module, attr)
-    except AttributeError:
-        raise EnvError(f"{path_or_module!r} has no attribute {attr!r}") from None
-
-
-_LOADED: dict[str, Callable[..., Env]] = {}  # source -> its class: a file is imported once per process
-
-
-def _factory(name_or_source: str) -> Callable[..., Env]:
-    """The env class or factory of a registered name or a ``file.py:Class`` / ``module:Class`` source.
-
-    A source is imported on first use and its class reused (a run builds one env per episode; importing the
-    file again each time cost about a millisecond of compile per episode and made a new class every time)."""
-    if ":" in name_or_source:
-        path, _, attr = name_or_source.rpartition(":")
-        key = f"{Path(path).resolve()}:{attr}" if path.endswith(".py") else name_or_source
-        factory = _LOADED.get(key)
-        if factory is None:
-            factory = _LOADED[key] = load_env_class(name_or_source)
-        return factory
-    _load_builtins()
-    try:
-        return ENV_REGISTRY[name_or_source]
-    except KeyError:
-        known = ", ".join(sorted(ENV_REGISTRY)) or "none"
-        raise EnvError(f"unknown environment {name_or_source!r}; registered: {known}") from None
-
-
-def make_env(name_or_source: str, **kwargs: Any) -> Env:
-    """Build an environment from a registered name or a ``file.py:Class`` / ``module:Class`` source."""
-    factory = _factory(name_or_source)
-    try:
-        env = factory(**kwargs)
-    except (TypeError, ValueError) as err:  # wrong or invalid constructor arguments
-        raise EnvError(f"cannot build environment {name_or_source!r}: {err}") from err
-    for attr in ("reset", "step", "close"):
-        if not callable(getattr(env, attr, None)):
-            raise EnvError(f"environment {name_or_source!r} has no {attr}() method")
-    if getattr(env, "name", None) is None:
-        with contextlib.suppress(AttributeError):  # the name trajectories report as metadata["env"]
-            env.name = name_or_source  # type: ignore[attr-defined]
-    return env
-
-
-def _task_source(name_or_source: str) -> TaskSource | None:
-    """The env's task generator: the registered ``tasks=``, else the class's ``make_tasks`` attribute."""
-    factory = _factory(name_or_source)
-    if ":" not in name_or_source and name_or_source in ENV_TASKS:
-        return ENV_TASKS[name_or_source]
-    source = getattr(factory, "make_tasks", None)
-    return source if callable(source) else None
-
-
-def make_env_tasks(name_or_source: str, n: int, seed: int = 0) -> list[Task]:
-    """``n`` tasks generated by the environment itself (deterministic in ``seed``).
-
-    ``name_or_source`` is a registered name (its ``register_env(..., tasks=...)`` generator) or a
-    ``file.py:Class`` / ``module:Class`` source whose class defines ``make_tasks(n, seed)`` as a static
-    or class method (a registered class without ``tasks=`` may do the same). Raises `EnvError` when the
-    env has no task generator (then training needs ``data.train_file``) or the generator fails or
-    returns something other than a list of `Task`.
-    """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise EnvError(f"the number of tasks must be a non-negative integer, got {n!r}")
-    source = _task_source(name_or_source)
-    if source is None:
-        raise EnvError(f"environment {name_or_source!r} does not generate its own tasks; set data.train_file")
-    try:
-        tasks = source(n, seed)
-    except Exception as err:
-        raise EnvError(
-            f"generating tasks of environment {name_or_source!r} failed: {type(err).__name__}: {err}"
-        ) from err
-    try:
-        tasks = list(tasks)
-    except TypeError:
-        tasks = None
-    if tasks is None or not all(isinstance(t, Task) for t in tasks):
-        raise EnvError(
-            f"the task generator of environment {name_or_source!r} must return a list of sao.envs.Task"
-        )
-    return tasks
-
-
-def _load_builtins() -> None:
-    """Import the built-in environments so they register themselves."""
-    importlib.import_module("sao.envs.builtin")

@@ -1,11 +1,25 @@
-"""Imports the built-in environments so that they register themselves (see `sao.envs.base.make_env`)."""
+"""The built-in environments: the modules that define them, imported on demand so that they register
+themselves (``@register_env`` in `sao.envs.base`). `sao.envs.factory` calls `load_builtin_envs` before it
+looks a name up; nothing here imports `base` or `factory`, so the dependencies run one way."""
 
-from sao.envs import (
-    calculator,  # noqa: F401
-    code_tests,  # noqa: F401
-    guess_number,  # noqa: F401
-    long_tail,  # noqa: F401
-    math_tir,  # noqa: F401
-    style_shift,  # noqa: F401
-    tool_latency,  # noqa: F401
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["BUILTIN_ENV_MODULES", "load_builtin_envs"]
+
+BUILTIN_ENV_MODULES = (
+    "sao.envs.calculator",
+    "sao.envs.code_tests",
+    "sao.envs.guess_number",
+    "sao.envs.long_tail",
+    "sao.envs.math_tir",
+    "sao.envs.style_shift",
+    "sao.envs.tool_latency",
 )
+
+
+def load_builtin_envs() -> None:
+    """Import every built-in env module (each registers its env on first import; later calls are no-ops)."""
+    for module in BUILTIN_ENV_MODULES:
+        importlib.import_module(module)

@@ -1,11 +1,16 @@
-"""Task files: JSONL / JSON / Parquet rows → `Task` objects (through Hugging Face ``datasets``, local files
-only), and `Task` objects → JSONL.
+"""Task files: JSONL / JSON / Parquet rows → `Task` objects, and `Task` objects → JSONL.
 
 A row has a prompt (a string, or a list of chat messages), optionally an id, a reference answer and hidden
 tests; which column is which is configurable (``sao.config.DataConfig``: ``id_field``, ``prompt_field``,
 ``answer_field``, ``tests_field``). Every other column goes to ``Task.metadata``. A row without an id gets
-``"<file stem>-<row index>"``. Columns a row lacks (``None`` in the loaded table) are left out of its
-metadata, and ``None`` keys of message dicts are dropped (a table fills absent keys with ``None``).
+``"<file stem>-<row index>"`` (the index counts rows from 0, blank lines skipped). Columns a row lacks, or
+holds as ``null``, are left out of its metadata, and ``None`` keys of message dicts are dropped (a Parquet
+table fills absent keys with ``None``).
+
+``.jsonl`` files (and ``.json`` files that are not one JSON array) are read line by line with `json`, so
+an error names the file and the 1-based line (``tasks.jsonl:2: invalid JSON: ...``); a ``.json`` array
+and Parquet (or compressed JSON) go through Hugging Face ``datasets`` / `json` (local files only), and an
+error names the 1-based row. A file with no rows is an error (``tasks.jsonl has no tasks``).
 """
 
 from __future__ import annotations
@@ -19,22 +24,27 @@ from pathlib import Path
 from typing import Any
 
 from sao.envs.base import Task
+from sao.jsonl import iter_jsonl
 
 __all__ = ["TaskFileError", "load_tasks", "save_tasks_jsonl"]
 
 PathLike = str | os.PathLike[str]
+Row = tuple[str, Any]  # (where: "<file>:<line>" or "<file>, row <n>", the decoded row)
 
 
 class TaskFileError(ValueError):
-    """A task file that cannot be read as tasks; the message names the file (and the row or column)."""
+    """A task file that cannot be read as tasks; the message names the file (and the line or row)."""
 
 
 def _format(path: Path) -> str:
+    """``jsonl`` (line by line), ``json`` (a JSON array, or lines), or ``datasets`` (Parquet, compressed)."""
     suffixes = [s.lower() for s in path.suffixes]
     if ".parquet" in suffixes:
         return "parquet"
+    if suffixes and suffixes[-1] in (".jsonl", ".json"):
+        return suffixes[-1][1:]
     if ".jsonl" in suffixes or ".json" in suffixes:
-        return "json"
+        return "compressed json"
     raise TaskFileError(f"{path}: unknown task file format (expected .jsonl, .json or .parquet)")
 
 
@@ -53,11 +63,8 @@ def _quiet_datasets() -> Iterator[Any]:
             datasets.utils.enable_progress_bars()
 
 
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    """All rows of one local file, as plain Python values."""
-    if not path.is_file():
-        raise TaskFileError(f"task file {str(path)!r} does not exist")
-    fmt = _format(path)
+def _datasets_rows(path: Path, fmt: str) -> list[Any]:
+    """All rows of a Parquet or compressed JSON file, through ``datasets``, as plain Python values."""
     with _quiet_datasets() as datasets, tempfile.TemporaryDirectory(prefix="sao-tasks-") as cache:
         try:
             table = datasets.load_dataset(
@@ -66,6 +73,41 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         except Exception as err:
             raise TaskFileError(f"{path}: cannot read as {fmt}: {type(err).__name__}: {err}") from err
         return table.to_list()
+
+
+def _starts_an_array(path: Path) -> bool:
+    """Whether the file's first non-blank character is ``[`` (a JSON array rather than JSON lines)."""
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                return line.lstrip().startswith("[")
+    return False
+
+
+def _json_array_rows(path: Path) -> list[Any]:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise TaskFileError(f"{path}:{err.lineno}: invalid JSON: {err.msg} at column {err.colno}") from err
+    return rows
+
+
+def _rows(path: Path) -> Iterator[Row]:
+    """``(where, row)`` for each row of one local file, in order; ``where`` names the file and the 1-based
+    line (``"tasks.jsonl:2"``, JSON lines) or row (``"tasks.parquet, row 2"``, a table or a JSON array)."""
+    if not path.is_file():
+        raise TaskFileError(f"task file {str(path)!r} does not exist")
+    fmt = _format(path)
+    try:
+        if fmt == "jsonl" or (fmt == "json" and not _starts_an_array(path)):
+            for line, row in iter_jsonl(path, TaskFileError):
+                yield f"{path}:{line}", row
+            return
+        rows = _json_array_rows(path) if fmt == "json" else _datasets_rows(path, fmt.split()[-1])
+    except UnicodeDecodeError as err:
+        raise TaskFileError(f"{path}: not UTF-8 text ({err})") from None
+    for number, row in enumerate(rows, start=1):
+        yield f"{path}, row {number}", row
 
 
 def _without_none(message: Any) -> Any:
@@ -80,6 +122,44 @@ def _prompt(value: Any, where: str) -> str | list[dict[str, Any]]:
     raise TaskFileError(
         f"{where}: the prompt must be a non-empty string or a list of messages, got {value!r}"
     )
+
+
+class _Columns:
+    """The column holding each part of a `Task`, and the check that a row is an object with a prompt."""
+
+    def __init__(self, id_field: str, prompt_field: str, answer_field: str, tests_field: str) -> None:
+        self.id, self.prompt, self.answer, self.tests = id_field, prompt_field, answer_field, tests_field
+
+    def task(self, row: Any, where: str, default_id: str) -> Task:
+        if not isinstance(row, dict):
+            raise TaskFileError(
+                f"{where}: expected an object with a prompt column {self.prompt!r} (optional: {self.id!r}, "
+                f"{self.answer!r}, {self.tests!r}), got {_json_kind(row)} {_short(row)}"
+            )
+        if self.prompt not in row:
+            raise TaskFileError(
+                f"{where}: no prompt column {self.prompt!r}; its columns are {sorted(row)} "
+                "(set data.prompt_field to the one holding the prompt)"
+            )
+        task_id = row.get(self.id)
+        named = (self.id, self.prompt, self.answer, self.tests)
+        return Task(
+            id=default_id if task_id is None else str(task_id),
+            prompt=_prompt(row[self.prompt], where),
+            answer=row.get(self.answer),
+            tests=row.get(self.tests),
+            metadata={k: v for k, v in row.items() if k not in named and v is not None},
+        )
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def load_tasks(
@@ -99,44 +179,32 @@ def load_tasks(
         limit: keep only the first ``limit`` tasks (over all files).
 
     Raises:
-        TaskFileError: a missing or unreadable file, a file without the prompt column (the message lists
-            the columns it has), an empty or malformed prompt, or two tasks with the same id.
+        TaskFileError: a missing, unreadable or empty file, a line that is not JSON or not an object, a row
+            without the prompt column (the message lists the columns it has), an empty or malformed prompt,
+            or two tasks with the same id. The message names the file and the 1-based line (or row).
     """
     paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
-    named = {id_field, prompt_field, answer_field, tests_field}
+    columns = _Columns(id_field, prompt_field, answer_field, tests_field)
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for raw_path in paths:
         if limit is not None and len(tasks) >= limit:
             break
         path = Path(raw_path)
-        rows = _read_rows(path)
-        if rows and prompt_field not in rows[0]:
-            raise TaskFileError(
-                f"{path}: no prompt column {prompt_field!r}; its columns are {sorted(rows[0])} "
-                "(set data.prompt_field to the one holding the prompt)"
-            )
-        for index, row in enumerate(rows):
+        count = 0
+        for where, row in _rows(path):
             if limit is not None and len(tasks) >= limit:
                 break
-            where = f"{path}, row {index}"
-            task_id = row.get(id_field)
-            task_id = f"{path.stem}-{index}" if task_id is None else str(task_id)
-            if task_id in seen:
-                raise TaskFileError(f"{where}: task id {task_id!r} already used by {seen[task_id]}")
-            seen[task_id] = where
-            metadata = {k: v for k, v in row.items() if k not in named and v is not None}
-            tasks.append(
-                Task(
-                    id=task_id,
-                    prompt=_prompt(row.get(prompt_field), where),
-                    answer=row.get(answer_field),
-                    tests=row.get(tests_field),
-                    metadata=metadata,
-                )
-            )
+            task = columns.task(row, where, default_id=f"{path.stem}-{count}")
+            count += 1
+            if task.id in seen:
+                raise TaskFileError(f"{where}: task id {task.id!r} already used by {seen[task.id]}")
+            seen[task.id] = where
+            tasks.append(task)
+        if count == 0:
+            raise TaskFileError(f"{path} has no tasks")
     return tasks
 
 

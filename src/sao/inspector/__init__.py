@@ -3,7 +3,8 @@ self-contained HTML report (`sao inspect`; docs/inspect.md).
 
 `records` turns a trained batch's `sao.train.capture.StepCapture` (or a plain trajectory) into JSON records,
 `store` keeps a run's records on disk within a size bound, `sources` reads a run directory, a JSONL file
-of trajectories or an evaluation report into one view document, and `html` renders it.
+of trajectories or an evaluation report into one view document, `checks` adds a run's weight-sync checks
+(from its ``metrics.jsonl``) to it, and `html` renders it.
 """
 
 from .html import render_html, write_html

@@ -1,6 +1,15 @@
-"""Models: the local byte-level tokenizer, tiny Qwen3 / Qwen3-MoE checkpoints, loading, MoE weight names.
+"""Models: the policy and critic networks, their tokenizers and chat templates, and how the trainer runs
+them. Knows nothing of RL algorithms.
 
-Owns building actor and critic backbones from HF checkpoints or tiny configs; knows nothing of RL algorithms.
+- Checkpoints: `loading` (a policy and its tokenizer from a directory; the directory a run's ``model``
+  section names), `tiny` (tiny Qwen3 / Qwen3-MoE checkpoints), `critic` (the backbone with a value head),
+  `moe_names` (fused <-> per-expert expert weights), `sharding` and `sharded_loading` (FSDP2).
+- Tokens: `tokenizer` (the local byte-level tokenizer) and `bpe` (a locally trained BPE one), `templates`
+  (chat templates by name or file), `chat` (conversations -> token ids with action masks), `chat_delta`
+  (token-in/token-out with any chat template).
+- Training forwards: `forward` (per-token log-probs, entropies and values on a packed batch), `attention`
+  and `attention_kernels` (packed attention), `precision` (master and compute dtypes), `prepare` (kernel
+  and activation checkpointing), `freezing` (which parameters train).
 """
 
 from __future__ import annotations

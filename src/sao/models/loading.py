@@ -32,12 +32,14 @@ from sao.models.tiny import TinyArch, TinySize, tiny_checkpoint, tiny_config
 from sao.models.tokenizer import TokenizerKind, build_named_tokenizer
 
 __all__ = [
+    "checkpoint_dir",
     "load_policy",
     "load_tokenizer",
     "model_from_config",
     "resolve_device",
     "resolve_dtype",
     "rope_parameters",
+    "tokenizer_dir",
     "with_rope_scaling",
 ]
 
@@ -48,6 +50,8 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+# Any of these makes a directory a saved tokenizer (tokenizer_config.json alone: a vocabulary-free one).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -83,22 +87,41 @@ def resolve_dtype(dtype: str | torch.dtype = "auto", device: str | torch.device 
     return _DTYPES[dtype]
 
 
-def checkpoint_dir(path: str | Path) -> Path:
+def _model_dir(path: str | Path) -> Path:
+    """``path`` as a directory; FileNotFoundError naming it when it is missing or a file."""
     directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"model checkpoint directory {str(directory)!r} does not exist")
+    if directory.is_dir():
+        return directory
+    if directory.exists():
+        raise FileNotFoundError(f"{str(directory)!r} is a file, not a model directory")
+    raise FileNotFoundError(f"model directory {str(directory)!r} does not exist")
+
+
+def checkpoint_dir(path: str | Path) -> Path:
+    """``path`` when it is a Hugging Face checkpoint directory (it holds ``config.json``); otherwise
+    FileNotFoundError naming the directory and what is missing."""
+    directory = _model_dir(path)
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(f"{str(directory)!r} is not a Hugging Face checkpoint: no config.json")
+    return directory
+
+
+def tokenizer_dir(path: str | Path) -> Path:
+    """``path`` when it is a directory holding a saved tokenizer (one of `_TOKENIZER_FILES`); otherwise
+    FileNotFoundError naming the directory and the files looked for."""
+    directory = _model_dir(path)
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        looked_for = ", ".join(_TOKENIZER_FILES)
+        raise FileNotFoundError(f"{str(directory)!r} has no tokenizer (none of {looked_for})")
     return directory
 
 
 def load_tokenizer(path: str | Path, chat_template: str | None = None) -> PreTrainedTokenizerBase:
     """The tokenizer saved in checkpoint directory ``path`` (offline); ``chat_template`` (a shipped name or a
     file, `sao.models.templates.load_chat_template`) replaces its chat template. Raises FileNotFoundError
-    for a missing directory, ValueError for an unknown template."""
-    directory = Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"tokenizer directory {str(directory)!r} does not exist")
+    for a missing directory or one without tokenizer files (`tokenizer_dir`), ValueError for an unknown
+    template."""
+    directory = tokenizer_dir(path)
     template = None
     if chat_template is not None:
         from sao.models.templates import load_chat_template
@@ -151,7 +174,8 @@ def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) ->
     ``cfg.rope_scaling``, that checkpoint with the scaling applied (`with_rope_scaling`, under
     ``cache_dir``), so that every component loading the run's model sees the same rope parameters. The
     checkpoint keeps its tokenizer's default template: ``cfg.chat_template`` is applied when the run loads
-    it (`sao.runtime.build.build_tokenizer`)."""
+    it (`sao.runtime.build.build_tokenizer`). Raises `ConfigError` naming ``model.path`` when that is not
+    a directory holding ``config.json`` and a tokenizer (the weights are checked when loaded)."""
     source = _source_checkpoint(cfg, Path(cache_dir), seed)
     if cfg.rope_scaling is None:
         return source
@@ -161,7 +185,10 @@ def model_from_config(cfg: ModelConfig, cache_dir: str | Path, seed: int = 0) ->
 def _source_checkpoint(cfg: ModelConfig, cache_dir: Path, seed: int) -> Path:
     if cfg.tiny_arch is None:
         assert cfg.path is not None  # ModelConfig holds exactly one of path / tiny_arch
-        return Path(cfg.path)
+        try:  # here, before anything loads it, so the error names the key
+            return tokenizer_dir(checkpoint_dir(cfg.path))
+        except FileNotFoundError as err:
+            raise ConfigError(f"model.path: {err}") from None
     cache = Path(cache_dir)
     kind = cfg.tiny_tokenizer
     digest = _tiny_digest(cfg.tiny_arch, cfg.tiny_size, kind)

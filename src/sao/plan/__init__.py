@@ -1,14 +1,14 @@
 """Capacity planning for sao runs (`sao plan`): a discrete-event model of producer, engines and trainer.
 
-Pure Python (stdlib, plus pydantic/yaml through the config): no torch, no transformers. Modules, one job
-each: `workload` (episodes to simulate) and `dists` (their distributions), `costs` (stage constants),
-`layout` (GPUs and producer/trainer policy), `replica` (one engine as a processor-sharing server), `sim`
-(the event loop), `result` (what it reports), `split` (the best engine/trainer split of a pool),
-`calibrate` and `lsq` (stage constants fitted from a run directory), `from_config` (inputs from a run
-config), `peers` (verl's published 128-GPU table, rebuilt), `report` (rich tables). The static resource
-plan is separate: `architecture` (shapes and parameter counts), `memory` (the trainer's GPU memory),
-`resources` (the plan `sao plan` prints), `paper_doc` (its tables in docs/paper_configs.md). See
-docs/planner.md.
+Plain Python arithmetic: no tensors, no transformers (a tiny model's config, in `architecture`, is the one
+exception). Modules, one job each: `workload` (episodes to simulate) and `dists` (their distributions),
+`costs` (stage constants), `layout` (GPUs and producer/trainer policy), `replica` (one engine as a
+processor-sharing server), `sim` (the event loop), `result` (what it reports), `split` (the best
+engine/trainer split of a pool), `calibrate` and `lsq` (stage constants fitted from a run directory),
+`from_config` (inputs from a run config), `peers` (verl's published 128-GPU table, rebuilt), `report` (rich
+tables). The static resource plan is separate: `architecture` (shapes and parameter counts), `memory` (the
+trainer's GPU memory), `resources` (the plan `sao plan` prints), `paper_doc` (its tables in
+docs/paper_configs.md). See docs/planner.md.
 """
 
 from __future__ import annotations

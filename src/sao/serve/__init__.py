@@ -1,7 +1,9 @@
-"""Serving layer: the OpenAI-compatible gateway and the session recorder, above the engine.
+"""Serving layer: the OpenAI- and Anthropic-compatible gateway and the session recorder, above the engine.
 
-Owns the HTTP gateway any OpenAI-SDK agent can talk to (`sao.serve.gateway`, what ``sao serve`` runs) and
-the token-in/token-out recording of chat sessions into trajectories (`sao.serve.sessions`, also used by
-the rollout agent loop), with its resource limits (`sao.serve.limits`) and bounded session registry
-(`sao.serve.registry`). Generation itself is `sao.engine`'s; this layer never computes gradients.
+`gateway` is the HTTP server any OpenAI-SDK (or Anthropic-SDK) agent can talk to (what ``sao serve`` runs);
+`openai_api` and `anthropic_api` hold each API's request bodies and conversions; `turns` serves one
+recorded request of a session and closes sessions, without HTTP; `sessions` records a chat session
+token-in/token-out as a trajectory (the rollout agent loop uses it too); `hooks` is what the gateway's
+owner decides (admission, where closed sessions go), `limits` its resource limits and `registry` its
+bounded set of open sessions. Generation itself is `sao.engine`'s; this layer never computes gradients.
 """
