@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sao.engine.http_server import SSE_DONE, ServerProcess, free_port, parse_sse_line
+from sao.engine.http_protocol import SSE_DONE, parse_sse_line
+from sao.engine.server_process import ServerProcess, free_port
 from sao.engine.server_settings import ServerSettings
 from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
 from sao.engine.vllm import (

@@ -1,8 +1,17 @@
 """Inference engines: token-in/token-out generation with per-token log-probs and policy versions.
 
-Owns generation, continuous batching, in-flight weight updates and the vLLM/SGLang adapters. Knows nothing
-of trajectories, rewards or environments; the OpenAI-compatible gateway and the session recorder are
-`sao.serve`'s.
+`types` is the contract every engine meets (`InferenceEngine`, `SamplingParams`, `Generation`). The engines:
+`LocalEngine` (`local`: in process, CPU or one GPU, continuous batching; its parts `local_scheduler`,
+`local_request`, `local_step`, `kv_cache`, `prefix_store`, `lean_forward`, `sampling`, `local_weights`),
+`ProcessEngine` (`process`, `process_child`: the local engine in a child process, weights through
+`shared_weights`), and the vLLM / SGLang adapters (`vllm`, `sglang`, over `http_client`, `http_protocol`,
+`server_process`, `server_settings`). Weight updates of server engines: `weights` (names and
+the disk hand-off), `native_sync` and `native_buckets` (over a collective group that `weight_broadcast`
+builds); `cuda_ipc` hands weights over by CUDA IPC handles on a shared GPU. `scoring` gives the
+teacher-forced log-probs of the weight-push check; `futures` hands results from engine threads to callers.
+
+Knows nothing of trajectories, rewards or environments; the OpenAI-compatible gateway and the session
+recorder are `sao.serve`'s.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Request checks (`checked_prompt`), server-sent-event lines (`parse_sse_line`, `SSE_DONE`), error bodies
 (`error_message`, `ServerError`) and what one stream chunk adds (`TokenDelta`). No I/O here: `HTTPEngine`
-(`sao.engine.http_server`) does the requests.
+(`sao.engine.http_client`) does the requests.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Weight updates need the server's RL and dev endpoints (``VLLM_SERVER_DEV_MODE=1`
 engine's output queue is drained; ``POST /collective_rpc`` ``reload_weights(weights_path=DIR)`` reloads in
 place from a safetensors directory (a state dict is first written there, experts unfused, by
 `sao.engine.weights.write_update_dir`); then, if needed, ``/reset_prefix_cache``; then ``POST /resume``.
-Versions are attributed as `sao.engine.http_server` describes. `VLLMEngine.native_update` takes the other
+Versions are attributed as `sao.engine.http_client` describes. `VLLMEngine.native_update` takes the other
 path, vLLM's NCCL weight transfer (``/start_weight_update``, ``/update_weights``, ``/finish_weight_update``,
 `sao.engine.native_sync`): no file, but CUDA on both sides.
 
@@ -53,7 +53,8 @@ from typing import Any
 import httpx
 from torch import Tensor
 
-from sao.engine.http_server import HTTPEngine, ServerError, TokenDelta, checked_prompt
+from sao.engine.http_client import HTTPEngine
+from sao.engine.http_protocol import ServerError, TokenDelta, checked_prompt
 from sao.engine.native_sync import push_vllm_native
 from sao.engine.server_process import free_port
 from sao.engine.server_settings import ServerSettings, last_flag

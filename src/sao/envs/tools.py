@@ -31,44 +31,57 @@ class ToolCall:
 
 @dataclass
 class ToolCallParse:
-    """The well-formed calls of a turn, and a message per malformed one (for an error observation)."""
+    """The well-formed calls of a turn, and a message per malformed one (for an error observation).
+
+    ``spans[i]`` is the ``(start, end)`` character range in the parsed text of the block ``calls[i]`` came
+    from (what a caller removes to keep the text that is not a call)."""
 
     calls: list[ToolCall] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     unclosed: bool = False  # an opening <tool_call> without its closing tag
+    spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 def parse_tool_calls(text: str) -> ToolCallParse:
-    """Find every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block in ``text``."""
+    """Find every ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` block in ``text``.
+
+    ``arguments`` may be an object or a string holding a JSON object (decoded); a block that is not
+    JSON, has no string ``name`` or whose arguments are not an object is reported in ``errors`` and
+    skipped, and so is an unclosed ``<tool_call>``. This is the one tool-call parser: the envs answer
+    ``errors`` with an error observation, the gateway (`sao.serve.openai_api.split_tool_calls`) turns
+    ``calls`` into OpenAI ``tool_calls``."""
     out = ToolCallParse()
     for match in _TOOL_CALL.finditer(text):
-        body = match.group(1).strip()
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as err:
-            out.errors.append(
-                f"tool call is not valid JSON ({err.msg} at column {err.colno}): {body[:200]!r}"
-            )
-            continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            out.errors.append(f'tool call must be an object with a string "name": {body[:200]!r}')
-            continue
-        args = obj.get("arguments", {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                out.errors.append(f'tool call "arguments" must be an object: {args[:200]!r}')
-                continue
-        if not isinstance(args, dict):
-            out.errors.append(f'tool call "arguments" must be an object, got {type(args).__name__}')
-            continue
-        out.calls.append(ToolCall(obj["name"], args))
+        call = _parse_block(match.group(1).strip())
+        if isinstance(call, str):
+            out.errors.append(call)
+        else:
+            out.calls.append(call)
+            out.spans.append(match.span())
     remainder = _TOOL_CALL.sub("", text)
     out.unclosed = "<tool_call>" in remainder
     if out.unclosed:
         out.errors.append("a <tool_call> block is not closed with </tool_call>")
     return out
+
+
+def _parse_block(body: str) -> ToolCall | str:
+    """The call one block's ``body`` makes, or the reason it makes none."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as err:
+        return f"tool call is not valid JSON ({err.msg} at column {err.colno}): {body[:200]!r}"
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return f'tool call must be an object with a string "name": {body[:200]!r}'
+    args = obj.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return f'tool call "arguments" must be an object: {args[:200]!r}'
+    if not isinstance(args, dict):
+        return f'tool call "arguments" must be an object, got {type(args).__name__}'
+    return ToolCall(obj["name"], args)
 
 
 def extract_python_blocks(text: str) -> list[str]:

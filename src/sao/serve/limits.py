@@ -11,7 +11,10 @@ leaves every other request and session as it was:
 - context: ``max_tokens`` is capped by the context left after the prompt; a prompt that leaves no room
   gets ``400`` (`cap_max_tokens`).
 
-Owns: these checks. Does not own: sessions, generation, routing.
+Every refusal, of a limit or of a malformed request, reaches the client as an OpenAI error body
+(`error_body`, `add_error_handlers`).
+
+Owns: these checks and the shape of error answers. Does not own: sessions, generation, routing.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = [
@@ -29,6 +35,7 @@ __all__ = [
     "GatewayLimits",
     "LimitExceededError",
     "PendingGate",
+    "add_error_handlers",
     "cap_max_tokens",
     "engine_context_limit",
     "error_body",
@@ -88,6 +95,28 @@ class LimitExceededError(Exception):
 def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
     """The OpenAI error schema: ``{"error": {"message", "type", "code"}}``."""
     return {"error": {"message": message, "type": kind, "code": None}}
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Answer errors with `error_body`: a body that fails validation gets 400 naming each field
+    (``messages.0.role: ...``), an `HTTPException` its status, detail and headers, a `LimitExceededError`
+    its status, reason, kind and ``Retry-After``."""
+
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors())
+        return JSONResponse(status_code=400, content=error_body(details))
+
+    async def http(_: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse(status_code=exc.status_code, content=error_body(exc.detail), headers=exc.headers)
+
+    async def limit(_: Request, exc: LimitExceededError) -> JSONResponse:
+        return JSONResponse(
+            status_code=exc.status, content=error_body(exc.reason, exc.kind), headers=exc.headers
+        )
+
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http)
+    app.add_exception_handler(LimitExceededError, limit)
 
 
 class BodySizeLimit:

@@ -2,12 +2,13 @@
 send and ignore the ones sao does not use), the checks and normal form of a conversation
 (`normalize_messages`: text content parts joined, tool calls and tool results checked; with a session's
 `MessageMemo`, only the messages its last request did not have), sampling parameters from a request, and
-the response pieces sao builds (per-token log-probs, Qwen/Hermes tool calls as OpenAI ``tool_calls``)."""
+the response bodies sao builds (chat and text completions, a reward's summary; per-token log-probs,
+Qwen/Hermes tool calls as OpenAI ``tool_calls``, parsed by `sao.envs.tools.parse_tool_calls`)."""
 
 from __future__ import annotations
 
 import json
-import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -16,13 +17,14 @@ from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from sao.engine.types import Generation, InvalidRequestError, SamplingParams
+from sao.envs.tools import parse_tool_calls
+from sao.types import Trajectory
 
 from .hooks import SessionRules
 
-__all__ = ["ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest", "logprobs_content",
-           "normalize_messages", "sampling_params", "split_tool_calls"]  # fmt: skip
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+__all__ = ["ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest", "chat_completion",
+           "logprobs_content", "normalize_messages", "reward_response", "sampling_params",
+           "split_tool_calls", "text_completion"]  # fmt: skip
 
 
 class _Message(BaseModel):
@@ -238,6 +240,7 @@ def sampling_params(
 
 
 def logprobs_content(tokenizer: Any, gen: Generation) -> list[dict[str, Any]]:
+    """A chat choice's ``logprobs.content``: one entry per generated token (its text, log-prob, bytes)."""
     out = []
     for tok, lp in zip(gen.token_ids, gen.logprobs, strict=True):
         text = tokenizer.decode([tok], skip_special_tokens=False)
@@ -246,23 +249,100 @@ def logprobs_content(tokenizer: Any, gen: Generation) -> list[dict[str, Any]]:
 
 
 def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks → OpenAI ``tool_calls`` (None if none parse)."""
-    calls = []
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(call, dict) and isinstance(call.get("name"), str):
-            args = call.get("arguments", {})
-            calls.append(
-                {
-                    "id": f"call_{uuid.uuid4().hex[:12]}",
-                    "type": "function",
-                    "function": {"name": call["name"], "arguments": json.dumps(args)},
-                }
-            )
-    if not calls:
+    """Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks → OpenAI ``tool_calls``, parsed by the envs'
+    parser (`sao.envs.tools.parse_tool_calls`): ``(content, tool_calls)``, the content being ``text``
+    without the blocks that became calls (stripped; None when nothing is left). A malformed block makes no
+    call and stays in the content; with no well-formed block, ``(text, None)``."""
+    parsed = parse_tool_calls(text)
+    if not parsed.calls:
         return text, None
-    content = _TOOL_CALL.sub("", text).strip()
+    kept, at = [], 0
+    for start, end in parsed.spans:
+        kept.append(text[at:start])
+        at = end
+    content = ("".join(kept) + text[at:]).strip()
+    calls = [
+        {
+            "id": f"call_{uuid.uuid4().hex[:12]}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+        }
+        for call in parsed.calls
+    ]
     return content or None, calls
+
+
+def chat_completion(
+    tokenizer: Any,
+    model: str,
+    session_id: str | None,
+    prompt_ids: list[int],
+    gen: Generation,
+    message: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``chat.completion`` body of one generation, with sao's ``session_id`` (None: not recorded),
+    ``token_ids``, ``versions`` and ``prompt_token_ids``."""
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": "tool_calls" if message.get("tool_calls") else gen.finish_reason,
+        "logprobs": {"content": logprobs_content(tokenizer, gen)},
+        "token_ids": gen.token_ids,
+        "versions": gen.versions,
+    }
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "session_id": session_id,
+        "choices": [choice],
+        "prompt_token_ids": prompt_ids,
+        "usage": _usage(len(prompt_ids), gen),
+    }
+
+
+def text_completion(tokenizer: Any, model: str, prompt_ids: list[int], gen: Generation) -> dict[str, Any]:
+    """The ``text_completion`` body of one generation, with ``token_ids``, ``versions`` and
+    ``prompt_token_ids``."""
+    tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in gen.token_ids]
+    choice = {
+        "index": 0,
+        "text": tokenizer.decode(gen.token_ids, skip_special_tokens=False),
+        "finish_reason": gen.finish_reason,
+        "logprobs": {"tokens": tokens, "token_logprobs": gen.logprobs},
+        "token_ids": gen.token_ids,
+        "versions": gen.versions,
+    }
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [choice],
+        "prompt_token_ids": prompt_ids,
+        "usage": _usage(len(prompt_ids), gen),
+    }
+
+
+def reward_response(session_id: str, trajs: list[Trajectory]) -> dict[str, Any]:
+    """The answer to ``POST /v1/sessions/{id}/reward``: a summary of each trajectory the session became."""
+    summaries = [
+        {
+            "traj_id": t.traj_id,
+            "num_tokens": t.num_tokens,
+            "num_turns": t.num_turns,
+            "prefix_mismatch": t.metadata["prefix_mismatch"],
+            "rewards": t.rewards,
+        }
+        for t in trajs
+    ]
+    return {"session_id": session_id, "trajectories": summaries}
+
+
+def _usage(prompt: int, gen: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": len(gen.token_ids),
+        "total_tokens": prompt + len(gen.token_ids),
+    }

@@ -196,6 +196,15 @@ class SessionRegistry:
         self.abandoned += len(expired)
         return expired
 
+    async def sweep_forever(self) -> None:
+        """`sweep` every ``idle_timeout_s / 4`` seconds (between 10 ms and 60 s) until cancelled, so an idle
+        gateway frees abandoned sessions too; requests sweep as well, which makes the counts exact when
+        read."""
+        interval = min(max(self.idle_timeout_s / 4, 0.01), 60.0)
+        while True:
+            await asyncio.sleep(interval)
+            self.sweep()
+
     def counters(self) -> dict[str, Any]:
         return {
             "open": len(self._entries),

@@ -1,8 +1,8 @@
-"""`HTTPEngine`: what the vLLM and SGLang adapters share on the client side.
+"""`HTTPEngine`: the client side that the vLLM and SGLang adapters share.
 
 The wire format (SSE parsing, error bodies, `TokenDelta`, `checked_prompt`) lives in
 `sao.engine.http_protocol` and the server child process (`ServerProcess`, `free_port`) in
-`sao.engine.server_process`; their names are re-exported here.
+`sao.engine.server_process`.
 
 `HTTPEngine` is the `InferenceEngine` logic that does not depend on the server's API: one streamed HTTP
 request per generation, per-token versions, weight updates under a lock, counters and shutdown. A subclass
@@ -33,29 +33,12 @@ from typing import Any
 
 import httpx
 
-from sao.engine.http_protocol import (
-    SSE_DONE,
-    ServerError,
-    TokenDelta,
-    checked_prompt,
-    error_message,
-    parse_sse_line,
-)
-from sao.engine.server_process import ServerProcess, free_port
+from sao.engine.http_protocol import SSE_DONE, ServerError, TokenDelta, error_message, parse_sse_line
+from sao.engine.server_process import ServerProcess
 from sao.engine.types import Generation, InvalidRequestError, SamplingParams, WeightsLike
 from sao.engine.weights import write_update_dir
 
-__all__ = [
-    "SSE_DONE",
-    "HTTPEngine",
-    "ServerError",
-    "ServerProcess",
-    "TokenDelta",
-    "checked_prompt",
-    "error_message",
-    "free_port",
-    "parse_sse_line",
-]
+__all__ = ["HTTPEngine"]
 
 
 @dataclass
