@@ -12,7 +12,7 @@ It prints, per actor step and overall:
   (`sao.plan.resources.resource_plan` on the same config: `sao.plan.memory`) at the planned micro-batch
   (max of trainer.micro_batch_tokens and data.max_total_tokens) and at the step's actual tokens;
 - the sdpa kernel torch picks for a trajectory of the run's attention shape, bf16 and fp32
-  (`sao.models.attention.gqa_operands`: native GQA or repeated K/V heads);
+  (`sao.models.attention_kernels.gqa_operands`: native GQA or repeated K/V heads);
 - the on-policy DIS ratio: ``dis/ratio_mean`` (mean of π_θ / π_rollout over action tokens) and
   ``dis/logprob_abs_diff``, with ``lag/token_max`` (0: every token on-policy, as a synchronous run is).
 
@@ -120,11 +120,12 @@ def _prediction(config: Path, overrides: list[str], tokens: int | None) -> dict[
 
 def _attention_kernels(device: str, arch: str, length: int) -> list[str]:
     """The sdpa kernel torch picks for one trajectory of ``length`` tokens of ``arch``'s attention on
-    ``device``, per dtype, after `sao.models.attention.gqa_operands` (repeated K/V heads or native GQA)."""
+    ``device``, per dtype, after `sao.models.attention_kernels.gqa_operands` (repeated K/V heads or native
+    GQA)."""
     import torch
     from torch.nn.attention import SDPBackend
 
-    from sao.models.attention import gqa_operands
+    from sao.models.attention_kernels import gqa_operands
     from sao.plan.architecture import Architecture, known_config
 
     known = known_config(arch)

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sao.types import Batch, BatchError, PaddedBatch, Trajectory, TrajectoryError, load_jsonl, save_jsonl
+from sao.types import Batch, BatchError, Trajectory, TrajectoryError, load_jsonl, save_jsonl
 
 
 def build(segments: list[tuple[str, int]], rewards=(1.0,), version=3, **kwargs) -> Trajectory:
@@ -251,7 +251,6 @@ def test_pad_unpad_round_trip_and_padded_layout(trajs, side):
         ("token_rewards", "token_rewards"),
         ("position_ids", "position_ids"),
     ]:
-        assert torch.equal(padded.to_packed_values(getattr(padded, name)), getattr(batch, packed_name))
         assert torch.equal(batch.unpad(getattr(padded, name), side), getattr(batch, packed_name))
 
 
@@ -395,12 +394,6 @@ def test_batch_truncated_per_trajectory_survives_to_select_and_split():
     bad.truncated = torch.zeros(len(trajs))
     with pytest.raises(BatchError, match="truncated: must be bool"):
         bad.validate()
-
-
-def test_padded_batch_to_packed_values_rejects_wrong_shape():
-    padded: PaddedBatch = Batch.from_trajectories([build(TWO_TURNS)]).to_padded()
-    with pytest.raises(ValueError, match="shape"):
-        padded.to_packed_values(torch.zeros(2, 10))
 
 
 @pytest.mark.gpu

@@ -15,11 +15,11 @@ from typing import Literal, NoReturn
 import torch
 from torch import Tensor
 
+from sao.algos.packed import action_span_bounds
 from sao.trajectory import (
     _PER_TOKEN_LISTS,
     Trajectory,
     TrajectoryError,
-    _action_span_ends,
     _first_bad_token,
     _TokenTensors,
 )
@@ -39,7 +39,7 @@ class PaddedBatch:
 
     ``input_ids`` long (pad = pad_token_id); ``attention_mask`` long, 1 on real tokens (the HF convention);
     ``action_mask`` bool; ``rollout_logprobs`` float32 (pad 0); ``versions`` long (pad -1); ``token_rewards``
-    float32 (pad 0); ``position_ids`` long (pad 0).
+    float32 (pad 0); ``position_ids`` long (pad 0). `Batch.unpad` takes any of them back to packed ``(T,)``.
     """
 
     input_ids: Tensor
@@ -49,14 +49,6 @@ class PaddedBatch:
     versions: Tensor
     token_rewards: Tensor
     position_ids: Tensor
-
-    def to_packed_values(self, x: Tensor) -> Tensor:
-        """``(B, L, ...)`` → packed ``(T, ...)``, sequences and tokens in order (either padding side)."""
-        if tuple(x.shape[:2]) != tuple(self.attention_mask.shape):
-            raise ValueError(
-                f"expected a tensor of shape {tuple(self.attention_mask.shape)}, got {tuple(x.shape)}"
-            )
-        return x[self.attention_mask.bool()]
 
 
 def _flat(trajs: Sequence[Trajectory], name: str, dtype: torch.dtype | None = None) -> Tensor | None:
@@ -94,7 +86,7 @@ def _pack_checked(trajs: Sequence[Trajectory]) -> tuple[_TokenTensors, list[int]
         return None
     counts = torch.tensor(lengths)
     seq_ids = torch.repeat_interleave(torch.arange(len(trajs)), counts)
-    ends = _action_span_ends(action, turn_ids, seq_ids)  # last token of every span, in order
+    ends = action_span_bounds(action, turn_ids, seq_ids)[1].nonzero().squeeze(-1)  # every span's last token
     spans = torch.bincount(seq_ids[ends], minlength=len(trajs)).tolist()
     placed: list[float] = []  # the reward on each span end, in order
     for traj, n_spans in zip(trajs, spans, strict=True):

@@ -29,9 +29,16 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from sao.algos.packed import action_span_bounds
 from sao.jsonl import iter_jsonl
 
-__all__ = ["TRUNCATED_FINISH_REASONS", "Trajectory", "TrajectoryError", "load_jsonl", "save_jsonl"]
+__all__ = [
+    "TRUNCATED_FINISH_REASONS",
+    "Trajectory",
+    "TrajectoryError",
+    "load_jsonl",
+    "save_jsonl",
+]
 
 # finish_reason values of an episode cut by a budget rather than ended by the env (see
 # sao.rollout.agent_loop): "length" = the token budget (max_total_tokens, or the engine's context) cut the
@@ -58,16 +65,6 @@ class _TokenTensors(NamedTuple):
     versions: Tensor  # (n,) long
     turn_ids: Tensor  # (n,) long
     token_rewards: Tensor  # (n,) float64
-
-
-def _action_span_ends(action: Tensor, turn_ids: Tensor, seq_ids: Tensor | None = None) -> Tensor:
-    """Sorted indices (long) of the last token of each action span. ``action`` (n,) bool; ``turn_ids`` (n,);
-    ``seq_ids`` (n,): the trajectory of each token when several are packed (a span never crosses one)."""
-    next_continues_span = torch.zeros_like(action)
-    next_continues_span[:-1] = action[1:] & (turn_ids[1:] == turn_ids[:-1])
-    if seq_ids is not None:
-        next_continues_span[:-1] &= seq_ids[1:] == seq_ids[:-1]
-    return (action & ~next_continues_span).nonzero().squeeze(-1)
 
 
 def _first_bad_token(action: Tensor, logprobs: Tensor, versions: Tensor) -> tuple[str, int, str] | None:
@@ -186,7 +183,8 @@ class Trajectory:
 
     def _span_ends(self) -> Tensor:
         self._check_lengths()
-        return _action_span_ends(self._action_tensor(), self._tensor("turn_ids", torch.long))
+        _, ends = action_span_bounds(self._action_tensor(), self._tensor("turn_ids", torch.long))
+        return ends.nonzero().squeeze(-1)
 
     def _check_turns_and_rewards(self, num_turns: int) -> None:
         if num_turns == 0:
@@ -219,7 +217,7 @@ class Trajectory:
         logprobs = self._tensor("rollout_logprobs", torch.float64)
         versions = self._tensor("versions", torch.long)
         turn_ids = self._tensor("turn_ids", torch.long)
-        span_ends = _action_span_ends(action, turn_ids)
+        span_ends = action_span_bounds(action, turn_ids)[1].nonzero().squeeze(-1)
         self._check_turns_and_rewards(span_ends.numel())
         bad = _first_bad_token(action, logprobs, versions)
         if bad is not None:

@@ -16,6 +16,13 @@ def _r(*xs):
     return torch.tensor(xs, dtype=torch.float32)
 
 
+def _spo(**beta: tuple[float, float]) -> SPOTracker:
+    """A default tracker whose prompts start at the given ``(α, β)``."""
+    spo = SPOTracker()
+    spo.load_state_dict({"prior": [0.5, 0.5], "trackers": [[k, a, b] for k, (a, b) in beta.items()]})
+    return spo
+
+
 # ---- RunningMeanBaseline -------------------------------------------------------------------------------
 
 
@@ -111,8 +118,7 @@ def test_spo_forgetting_factor_is_clamped_power_of_two():
 
 
 def test_spo_update_uses_the_per_trajectory_divergence():
-    spo = SPOTracker()
-    spo.initialize(["a"], [0.5], n_eff=4.0)  # α = β = 2
+    spo = _spo(a=(2.0, 2.0))
     rho = 2 ** (-1 / 6)  # D = .01
     spo.advantages(["a"], _r(1.0), divergence=torch.tensor([0.01]))
     a, b = rho * 2 + 1, rho * 2
@@ -137,27 +143,14 @@ def test_spo_rejects_rewards_outside_unit_interval(bad):
     assert spo.state_dict()["trackers"] == []  # nothing was updated
 
 
-def test_spo_initialize_sets_beta_from_offline_success_rate():
-    spo = SPOTracker()
-    spo.initialize(["a", "b"], [0.2, 1.0])  # n_eff = 1/(1 − .96) = 25
-    state = {k: (a, b) for k, a, b in spo.state_dict()["trackers"]}
-    assert state["a"] == pytest.approx((5.0, 20.0))
-    assert state["b"][1] > 0  # p₀ = 1 is clamped to 1 − ε so β stays positive
-    torch.testing.assert_close(spo.p_hat(["a"]), _r(0.2))
-    spo.initialize(["c"], [0.75], n_eff=8.0)
-    assert {k: (a, b) for k, a, b in spo.state_dict()["trackers"]}["c"] == pytest.approx((6.0, 2.0))
-
-
 def test_spo_sampling_weights():
-    spo = SPOTracker()
-    spo.initialize(["a", "b"], [0.2, 0.5])
+    spo = _spo(a=(5.0, 20.0), b=(12.5, 12.5))
     # √(p(1 − p)) + .05: .2 → .4 + .05, .5 (and the unseen prior .5) → .5 + .05.
     torch.testing.assert_close(spo.sampling_weights(["a", "b", "new"]), _r(0.45, 0.55, 0.55))
 
 
 def test_spo_state_dict_round_trip_gives_identical_future_outputs():
-    spo = SPOTracker()
-    spo.initialize(["a"], [0.3])
+    spo = _spo(a=(7.5, 17.5))
     spo.advantages(["a", "b", "c"], _r(1.0, 0.0, 1.0), divergence=torch.tensor([0.02, 0.0, 0.1]))
     restored = SPOTracker()
     restored.load_state_dict(spo.state_dict())

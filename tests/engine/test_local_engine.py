@@ -470,7 +470,7 @@ def test_a_borrowed_model_needs_a_tokenizer_for_stop_strings_and_gets_its_attent
 
 
 def test_an_engine_step_error_fails_the_running_requests_and_the_engine_keeps_serving(engine, monkeypatch):
-    real = engine._run_step.forward
+    real = engine._batch.run_step.forward
     calls = {"n": 0}
 
     def flaky(plan, ids, positions, num_decode):
@@ -479,7 +479,7 @@ def test_an_engine_step_error_fails_the_running_requests_and_the_engine_keeps_se
             raise RuntimeError("boom")
         return real(plan, ids, positions, num_decode)
 
-    monkeypatch.setattr(engine._run_step, "forward", flaky)
+    monkeypatch.setattr(engine._batch.run_step, "forward", flaky)
 
     async def main():
         failed = await asyncio.gather(*(engine.generate(prompt(4, i), GREEDY) for i in range(3)))
@@ -497,7 +497,7 @@ def test_a_crashed_engine_loop_fails_pending_and_later_requests_instead_of_hangi
     def broken():
         raise RuntimeError("scheduler bug")
 
-    monkeypatch.setattr(engine._scheduler, "admit", broken)
+    monkeypatch.setattr(engine._batch.scheduler, "admit", broken)
 
     async def main():
         first = await engine.generate(prompt(4, 0), GREEDY)

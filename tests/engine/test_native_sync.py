@@ -27,6 +27,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from sao.engine.http_protocol import ServerError
+from sao.engine.native_bodies import (
+    sglang_init_body,
+    sglang_update_body,
+    tensor_specs,
+    vllm_init_body,
+    vllm_update_body,
+)
 from sao.engine.native_sync import (
     broadcast_each,
     init_sglang_native,
@@ -34,11 +41,6 @@ from sao.engine.native_sync import (
     push_sglang_native,
     push_vllm_native,
     run_concurrently,
-    sglang_init_body,
-    sglang_update_body,
-    tensor_specs,
-    vllm_init_body,
-    vllm_update_body,
 )
 from sao.engine.sglang import SGLangEngine
 from sao.engine.vllm import VLLMEngine

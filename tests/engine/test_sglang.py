@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sao.engine.sglang import (
-    SGLangEngine,
-    generate_request,
-    parse_generate_chunk,
-    sglang_server_command,
-    supports_pause_modes,
-)
+from sao.engine.sglang import SGLangEngine, sglang_server_command, supports_pause_modes
+from sao.engine.sglang_api import generate_request, parse_generate_chunk
 from sao.engine.types import Generation, InferenceEngine, InvalidRequestError, SamplingParams
 from sao.models.loading import load_policy
 from sao.models.tiny import tiny_checkpoint

@@ -31,13 +31,13 @@ from sao.envs.math_tir import MathTIREnv
 from sao.envs.sandbox import (
     MODES,
     Sandbox,
-    SandboxResult,
     SandboxUnavailableError,
     _isolation,
     run_code,
     sandbox_mode,
 )
 from sao.envs.sandbox_exec import isolation_for
+from sao.envs.sandbox_result import SandboxResult
 
 MODE = sandbox_mode()
 AVAILABLE = [m for m in MODES if isolation_for(m) is not None]

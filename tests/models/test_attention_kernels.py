@@ -12,13 +12,13 @@ import torch
 from torch import nn
 from torch.nn.attention import SDPBackend
 
-from sao.models.attention import (
+from sao.models.attention import PACKED_EAGER_ATTENTION, enable_packed_attention, packed_attention_kwargs
+from sao.models.attention_kernels import (
     BUCKET_MAX_TOKENS,
-    PACKED_EAGER_ATTENTION,
-    enable_packed_attention,
+    bucketed_sdpa,
     gqa_operands,
     length_buckets,
-    packed_attention_kwargs,
+    sdpa_causal,
 )
 from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
@@ -200,17 +200,14 @@ def test_length_buckets_batch_padded_calls_within_the_padding_budget(lengths):
 def test_bucketed_sdpa_equals_one_call_per_trajectory(lengths):
     """Right padding under a causal mask leaves every real row as the per-trajectory call computes it (up to
     float rounding: the kernel blocks a longer row differently)."""
-    from sao.models.attention import _bucketed_sdpa, _Pack, _sdpa_causal
-
     gen = torch.Generator().manual_seed(0)
     total = sum(lengths)
     q = torch.randn(1, 4, total, 16, generator=gen, requires_grad=True)
     k = torch.randn(1, 2, total, 16, generator=gen, requires_grad=True)
     v = torch.randn(1, 2, total, 16, generator=gen, requires_grad=True)
     bounds = (0, *itertools.accumulate(lengths))
-    pack = _Pack(torch.tensor(bounds), bounds)
-    got = _bucketed_sdpa(pack, q, k, v, 0.0, None)
-    want = torch.cat([_sdpa_causal(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], 0.0, None)
+    got = bucketed_sdpa(bounds, q, k, v, 0.0, None)
+    want = torch.cat([sdpa_causal(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], 0.0, None)
                       for a, b in itertools.pairwise(bounds)], dim=2)  # fmt: skip
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     upstream = torch.randn_like(want)

@@ -13,8 +13,9 @@ import torch
 from sao.algos.baselines import RunningMeanBaseline, SPOTracker
 from sao.models.critic import load_critic
 from sao.models.loading import load_policy
-from sao.train.checkpoint import CheckpointError, CheckpointManager, restore_rng, resume_point
-from sao.train.common import warmup_cosine
+from sao.train.checkpoint import CheckpointManager, restore_rng
+from sao.train.checkpoint_load import CheckpointError
+from sao.train.step_schedule import actor_lr_factor
 
 
 class _FakeModel:
@@ -62,7 +63,7 @@ def test_resume_continues_bit_identically_to_an_uninterrupted_run(tiny_moe_dir, 
     actor = load_policy(tiny_moe_dir, dtype="float32", device="cpu")
     critic = load_critic(tiny_moe_dir, dtype="float32", device="cpu", head_init="normal")
     optimizer = torch.optim.AdamW(_trainable(actor, critic), lr=1e-2)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(10, 3))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, actor_lr_factor("cosine", 3, 10, floor=0.1))
     baseline, tracker = RunningMeanBaseline(window=4), SPOTracker()
     _train_step(actor, critic, optimizer, baseline, tracker)
     scheduler.step()
@@ -93,7 +94,7 @@ def test_resume_continues_bit_identically_to_an_uninterrupted_run(tiny_moe_dir, 
 
     # a new process: scramble the RNGs, rebuild everything from the checkpoint
     _seed_all(123)
-    ckpt = resume_point(tmp_path / "run")
+    ckpt = CheckpointManager(tmp_path / "run").load()
     assert ckpt is not None and ckpt.step == 1 and ckpt.policy_version == 1
     assert ckpt.data_position == position and ckpt.counters == counters
     assert ckpt.meta["config"]["algo"] == "grpo_dis" and ckpt.meta["sao_version"]
@@ -102,7 +103,7 @@ def test_resume_continues_bit_identically_to_an_uninterrupted_run(tiny_moe_dir, 
     critic2 = load_critic(ckpt.critic_dir, dtype="float32", device="cpu")
     optimizer2 = torch.optim.AdamW(_trainable(actor2, critic2), lr=1e-2)
     # build the scheduler before loading the optimizer state: its constructor rewrites the group lrs
-    scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, warmup_cosine(10, 3))
+    scheduler2 = torch.optim.lr_scheduler.LambdaLR(optimizer2, actor_lr_factor("cosine", 3, 10, floor=0.1))
     optimizer2.load_state_dict(ckpt.trainer_state["optimizer"])
     scheduler2.load_state_dict(ckpt.trainer_state["scheduler"])
     baseline2, tracker2 = RunningMeanBaseline(window=4), SPOTracker()
@@ -161,7 +162,9 @@ def test_a_failed_save_leaves_no_partial_checkpoint_and_latest_unchanged(tmp_pat
 
 def test_latest_ignores_staging_dirs_and_falls_back_to_scanning_when_the_pointer_is_stale(tmp_path):
     manager = CheckpointManager(tmp_path, keep_last=5)
-    assert manager.latest() is None and resume_point(tmp_path) is None
+    assert manager.latest() is None
+    with pytest.raises(CheckpointError, match="no checkpoint under"):
+        manager.load()
     _save(manager, 1)
     second = _save(manager, 2)
     root = tmp_path / "checkpoints"

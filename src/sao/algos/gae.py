@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from .kernels import STRAY_REWARD_MSG, chain_gae_cpu, numba_available
-from .packed import check_packed, segment_count, segment_sum, seq_ids_from_cu_seqlens
+from .packed import action_span_bounds, check_packed, segment_count, segment_sum, seq_ids_from_cu_seqlens
 from .scan import BLOCK as _SCAN_ALIGN
 from .scan import discounted_cumsum
 
@@ -269,16 +269,7 @@ def step_spans(
     """
     mask = action_mask.bool()
     seq_ids = seq_ids_from_cu_seqlens(cu_seqlens)
-    same_seq_prev = torch.zeros_like(mask)
-    same_seq_prev[1:] = seq_ids[1:] == seq_ids[:-1]
-    if turn_ids is not None:
-        same_seq_prev[1:] &= turn_ids[1:] == turn_ids[:-1]
-    prev_action = torch.zeros_like(mask)
-    prev_action[1:] = mask[:-1]
-    starts = mask & ~(prev_action & same_seq_prev)
-    next_action = torch.zeros_like(mask)
-    next_action[:-1] = mask[1:] & same_seq_prev[1:]
-    is_last = mask & ~next_action
+    starts, is_last = action_span_bounds(mask, turn_ids, seq_ids)
     step_idx = torch.cumsum(starts.long(), 0) - 1
     step_of_token = torch.where(mask, step_idx, torch.full_like(step_idx, -1))
     steps_per_seq = segment_count(starts, seq_ids, cu_seqlens.numel() - 1)

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "action_span_bounds",
     "check_packed",
-    "compact_indices",
     "segment_count",
     "segment_sum",
     "seq_ids_from_cu_seqlens",
@@ -59,22 +59,19 @@ def segment_count(mask: Tensor, seq_ids: Tensor, num_seqs: int) -> Tensor:
     return out.index_add(0, seq_ids, mask.long())
 
 
-def compact_indices(mask: Tensor, seq_ids: Tensor, num_seqs: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Map the selected tokens of a packed batch to a right-padded ``(B, L)`` layout.
-
-    Args:
-        mask: ``(T,)`` bool, the tokens to keep (e.g. action tokens).
-        seq_ids: ``(T,)`` long, trajectory index per token.
-        num_seqs: B.
-
-    Returns:
-        ``token_idx`` ``(N,)`` positions of the kept tokens in the packed axis, ``row`` ``(N,)`` and
-        ``col`` ``(N,)`` their place in the padded layout (col = rank among the kept tokens of the same
-        trajectory), and ``counts`` ``(B,)`` kept tokens per trajectory. ``L = counts.max()``.
-    """
-    token_idx = mask.nonzero().squeeze(1)
-    row = seq_ids[token_idx]
-    counts = segment_count(mask, seq_ids, num_seqs)
-    starts = torch.cumsum(counts, 0) - counts
-    col = torch.arange(token_idx.numel(), device=mask.device) - starts[row]
-    return token_idx, row, col, counts
+def action_span_bounds(
+    action: Tensor, turn_ids: Tensor | None = None, seq_ids: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """``(starts, ends)``, each ``(T,)`` bool: the first and the last token of every action span, a maximal
+    run of action tokens (``action`` ``(T,)`` bool) within one turn (``turn_ids`` ``(T,)``; None: turns are
+    not told apart) and one trajectory (``seq_ids`` ``(T,)`` when several are packed; None: one). The one
+    definition of a span: trajectory validation, reward placement, turn counts, step-wise GAE."""
+    joined = action[1:] & action[:-1]  # (T - 1,): token t + 1 continues the span of token t
+    if turn_ids is not None:
+        joined &= turn_ids[1:] == turn_ids[:-1]
+    if seq_ids is not None:
+        joined &= seq_ids[1:] == seq_ids[:-1]
+    starts, ends = action.clone(), action.clone()
+    starts[1:] &= ~joined
+    ends[:-1] &= ~joined
+    return starts, ends

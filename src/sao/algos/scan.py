@@ -1,8 +1,7 @@
 """Discounted cumulative sums (the GAE recursion) without a Python loop over time.
 
-``y_t = x_t + d · y_{t-1}`` along the last axis, one decay ``d`` per row. GAE runs this backwards in time;
-callers that can lay their data out time-reversed (as ``gae.py`` does, at no cost, while compacting)
-use :func:`discounted_cumsum` directly and skip two flips.
+``y_t = x_t + d · y_{t-1}`` along the last axis, one decay ``d`` per row. GAE runs this backwards in time:
+``gae.py`` lays its rows out time-reversed (at no cost, while compacting) and calls :func:`discounted_cumsum`.
 
 It is solved as a blocked scan: inside a block of C steps ``y_t = d^t Σ_{k≤t} d^{-k} x_k`` (one cumsum,
 exact in float64 because C is small enough that ``d^{-(C-1)}`` cannot overflow), and the values at block
@@ -18,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK", "discounted_cumsum", "reverse_discounted_cumsum"]
+__all__ = ["BLOCK", "discounted_cumsum"]
 
 BLOCK = 16
 # A decay below this adds less than float64 resolution per step; treating it as 0 bounds d^-(C-1) by
@@ -54,11 +53,6 @@ def _float32_safe(x: Tensor, d: Tensor) -> bool:
         return True
     largest_scale = float(positive.min()) ** -(BLOCK - 1)
     return float(x.abs().max()) * largest_scale < _FLOAT32_MAX_SCALED
-
-
-def reverse_discounted_cumsum(x: Tensor, decay: Tensor | float) -> Tensor:
-    """Solve ``y_t = x_t + decay · y_{t+1}`` (``y_L = 0``) backwards along the last axis; see above."""
-    return discounted_cumsum(x.flip(-1), decay).flip(-1)
 
 
 def _scan_block(x: Tensor, d: Tensor) -> Tensor:

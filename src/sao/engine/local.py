@@ -6,13 +6,9 @@ to it through a lock-guarded inbox; each request carries an asyncio future of th
 resolved with ``call_soon_threadsafe`` (any event loop, in any thread, may call `generate`).
 
 Steps. Each iteration of the loop, at a step boundary: take new requests and weight updates from the inbox,
-apply the updates (the new version takes effect for the next forward), drop cancelled requests, admit
-waiting requests (`local_scheduler`: FIFO, at most ``max_running`` sequences and ``max_kv_tokens`` reserved
-KV tokens), then run **one** forward for the step: the admitted requests' prompts (prefill, packed, each
-with per-sequence causal attention) followed by one decode token per running sequence, over per-sequence
-KV in slot buffers (`kv_cache` explains the layout and why batched rows equal one-sequence forwards). The
-LM head runs on the decode rows only; each row is sampled with its request's parameters and generator
-(`sampling`), and finished requests leave the batch and get their `Generation`.
+apply the updates (the new version takes effect for the next forward), drop cancelled requests, then one
+step of the `local_batch.RunningBatch`: admission, **one** forward (the admitted prompts' prefill and one
+decode token per running sequence), sampling, and the finished requests' `Generation`.
 
 Log-probs: the recorded log-prob is that of the distribution actually sampled from (temperature, top-k,
 top-p, renormalised); at temperature 1 without filters it is the trainer's teacher-forced log-prob with the
@@ -50,19 +46,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from sao.engine.futures import threadsafe_setter
-from sao.engine.kv_cache import ENGINE_ATTENTION, SlotKVCache
+from sao.engine.kv_cache import ENGINE_ATTENTION
+from sao.engine.local_batch import RunningBatch
 from sao.engine.local_request import Request, StopChecker, check_request
-from sao.engine.local_scheduler import Scheduler
-from sao.engine.local_step import StepRunner
 from sao.engine.local_weights import apply_state_dict, prepare_state_dict
-from sao.engine.prefix_store import ParkedKV, PrefixStore
 from sao.engine.types import FinishReason, Generation, SamplingParams, WeightsLike
 from sao.models.loading import load_policy, load_tokenizer, resolve_device, resolve_dtype
 
@@ -76,6 +69,27 @@ class _Update:
     state: dict[str, Tensor]
     version: int
     deliver: Callable[[BaseException | None], None]
+
+
+def _model_and_tokenizer(
+    source: str | Path | PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | str | Path | None,
+    device: str | torch.device,
+    dtype: str | torch.dtype,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """The engine's model (loaded from a checkpoint directory, or a given model moved to ``device`` /
+    ``dtype`` unless ``"auto"``) and tokenizer (a directory loaded; by default the checkpoint's own)."""
+    if isinstance(source, (str, Path)):
+        model = load_policy(source, dtype=dtype, device=device)
+        if tokenizer is None and Path(source, "tokenizer_config.json").is_file():
+            tokenizer = source
+    else:
+        model = source
+        if device != "auto":
+            model.to(resolve_device(device))
+        if dtype != "auto":
+            model.to(resolve_dtype(dtype, next(model.parameters()).device))
+    return model, load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
 
 
 class LocalEngine:
@@ -114,18 +128,9 @@ class LocalEngine:
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
-        if isinstance(model_path_or_model, (str, Path)):
-            model = load_policy(model_path_or_model, dtype=dtype, device=device)
-            if tokenizer is None and Path(model_path_or_model, "tokenizer_config.json").is_file():
-                tokenizer = model_path_or_model
-        else:
-            model = model_path_or_model
-            if device != "auto":
-                model.to(resolve_device(device))
-            if dtype != "auto":
-                model.to(resolve_dtype(dtype, next(model.parameters()).device))
+        model, tokenizer = _model_and_tokenizer(model_path_or_model, tokenizer, device, dtype)
         self.model = model.eval()
-        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, Path)) else tokenizer
+        self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.vocab_size = model.get_input_embeddings().num_embeddings
         model_len = max_model_len or getattr(model.config, "max_position_embeddings", None)
@@ -136,16 +141,18 @@ class LocalEngine:
         self.threads = threads
         self._loop_threads = 0  # the loop thread's intra-op threads, read when it starts
         self.seed = seed
-        self._scheduler = Scheduler(max_running, max_kv_tokens)
-        self._cache = SlotKVCache(max_running, self.context_limit)
-        self._prefixes = PrefixStore(max_kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens)
-        self._run_step = StepRunner(model, self._cache, self.device, lean=lean_forward)
+        self._batch = RunningBatch(
+            model, self.device, max_running=max_running, max_kv_tokens=max_kv_tokens,
+            context_limit=self.context_limit, lean=lean_forward,
+            prefix_cache_tokens=max_kv_tokens if prefix_cache_tokens is None else prefix_cache_tokens,
+            stop=StopChecker(self.context_limit, self._decode if self.tokenizer is not None else None),
+            deliver=self._deliver,
+        )  # fmt: skip
         # Last, once every argument is checked: the only change made to a borrowed model (undone by close).
         self._original_attention = model.config._attn_implementation
         model.set_attn_implementation(ENGINE_ATTENTION)
         if model.config._attn_implementation != ENGINE_ATTENTION:
             raise ValueError(f"{type(model).__name__} does not accept a custom attention implementation")
-        self._stop = StopChecker(self.context_limit, self._decode if self.tokenizer is not None else None)
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
@@ -154,22 +161,8 @@ class LocalEngine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._closed_reason: tuple[FinishReason, str | None] | None = None
-        self._version = 0
         self._latest_requested_version = 0
-        self._counters = dict.fromkeys(
-            (
-                "finished",
-                "aborted",
-                "errors",
-                "tokens_generated",
-                "prefill_tokens",
-                "decode_steps",
-                "context_tokens",
-                "prefix_hits",
-                "prefix_reused_tokens",
-            ),
-            0,
-        )
+        self._delivered = dict.fromkeys(("finished", "aborted", "errors"), 0)  # under self._cond
         self._started_at: float | None = None
         self._idle_s = 0.0
         self._idle_since: float | None = None
@@ -180,7 +173,7 @@ class LocalEngine:
     @property
     def version(self) -> int:
         """Policy version of the weights that decode steps use now."""
-        return self._version
+        return self._batch.version
 
     def start(self) -> None:
         """Start the engine loop thread (idempotent; `generate` and `update_weights` start it too)."""
@@ -258,24 +251,20 @@ class LocalEngine:
             now = time.perf_counter()
             wall = 0.0 if self._started_at is None else now - self._started_at
             idle = self._idle_s + (0.0 if self._idle_since is None else now - self._idle_since)
-            out = {name: float(value) for name, value in self._counters.items()}
+            batch = self._batch
+            out = {name: float(value) for name, value in (*self._delivered.items(), *batch.counters.items())}
             out.update(
-                running=float(len(self._scheduler.running)),
-                waiting=float(len(self._inbox) + len(self._scheduler.waiting)),
+                running=float(len(batch.scheduler.running)),
+                waiting=float(len(self._inbox) + len(batch.scheduler.waiting)),
                 idle_fraction=idle / wall if wall > 0 else 0.0,
                 idle_s=idle,
                 uptime_s=wall,
                 busy_s=wall - idle,
-                version=float(self._version),
+                version=float(batch.version),
                 threads=float(self._loop_threads),
                 last_update_latency_s=self._last_update_latency_s,
-                kv_tokens_reserved=float(self._scheduler.reserved),
-                kv_capacity=float(self._cache.capacity),
-                prefix_cached_tokens=float(self._prefixes.tokens_held),
-                prefix_entries=float(len(self._prefixes)),
-                prefix_evictions=float(self._prefixes.evictions),
-                prefix_evicted_tokens=float(self._prefixes.evicted_tokens),
             )
+            out.update(batch.memory_stats())
             return out
 
     async def close(self) -> None:
@@ -331,8 +320,7 @@ class LocalEngine:
     # ---------------------------------------------------------------------------------------- engine loop
 
     def _has_work(self) -> bool:
-        sched = self._scheduler
-        return bool(self._inbox or self._updates or sched.running or sched.waiting)
+        return bool(self._inbox or self._updates or self._batch.has_work())
 
     def _run(self) -> None:
         failure: str | None = None
@@ -365,12 +353,16 @@ class LocalEngine:
             updates, self._updates = self._updates, []
             cancels, self._cancel_pending = self._cancel_pending, False
         for request in inbox:
-            self._scheduler.add(request)
+            self._batch.scheduler.add(request)
         self._apply_updates(updates)
         if cancels:
-            self._drop_cancelled()
+            self._batch.drop_cancelled()
         self._step()
         return True
+
+    def _step(self) -> None:
+        """One `RunningBatch.step` (a method of its own so a profiler can wrap it: benchmarks/engine.py)."""
+        self._batch.step()
 
     def _apply_updates(self, updates: list[_Update]) -> None:
         for update in updates:
@@ -379,87 +371,19 @@ class LocalEngine:
             except Exception as err:
                 update.deliver(err)
                 continue
-            self._version = update.version
-            if self.recompute_kv_on_update:
-                for request in self._scheduler.running:
-                    request.cached = 0
-                self._prefixes.clear()
+            self._batch.weights_changed(update.version, self.recompute_kv_on_update)
             update.deliver(None)
-
-    def _drop_cancelled(self) -> None:
-        sched = self._scheduler
-        for request in [r for r in (*sched.running, *sched.waiting) if r.cancelled]:
-            self._finish(request, "abort", cancelled=True)
-
-    def _step(self) -> None:
-        for request in self._scheduler.admit():
-            self._resume_prefix(request)
-        running = list(self._scheduler.running)
-        if not running:
-            return
-        try:
-            tokens, logprobs, prefill_tokens = self._run_step(running)
-        except Exception as err:
-            self._cache.clear()
-            for request in running:
-                self._finish(request, "error", error=f"engine step failed: {err!r}")
-            return
-        self._counters["prefill_tokens"] += prefill_tokens
-        self._counters["decode_steps"] += 1
-        self._counters["tokens_generated"] += len(running)
-        self._counters["context_tokens"] += sum(len(r.tokens) for r in running)
-        for request, token, logprob in zip(running, tokens, logprobs, strict=True):
-            request.append(token, logprob, self._version)
-        for request in running:  # only now: a removal moves another request's cache rows, all now current
-            try:
-                verdict = self._stop(request)
-            except Exception as err:
-                self._finish(request, "error", error=f"stop check failed: {err!r}")
-                continue
-            if verdict is not None:
-                self._finish(request, verdict[0], **verdict[1])
-
-    def _resume_prefix(self, request: Request) -> None:
-        """Give a newly admitted request the kept KV of an earlier request its prompt continues, if any."""
-        entry = self._prefixes.take(request.prompt)
-        if entry is None:
-            return
-        self._cache.load(request.slot, entry.keys, entry.values)
-        request.cached = entry.length
-        request.reused = entry.length
-        self._counters["prefix_hits"] += 1
-        self._counters["prefix_reused_tokens"] += entry.length
-
-    def _park(self, request: Request) -> None:
-        """Keep the KV of a request that finished normally for a later turn (`prefix_store`)."""
-        length = min(request.cached, len(request.tokens) - 1)
-        if not self._prefixes.fits(length):  # decided before copying the KV out
-            return
-        keys, values = self._cache.save(request.slot, length)
-        self._prefixes.park(ParkedKV(list(request.tokens), length, keys, values, self._version))
-
-    # ------------------------------------------------------------------------------------------ finishing
-
-    def _finish(self, request: Request, reason: FinishReason, error: str | None = None, **meta: Any) -> None:
-        if reason in ("stop", "length") and request.slot >= 0:
-            self._park(request)
-        if request.reused:
-            meta["cached_prompt_tokens"] = request.reused
-        move = self._scheduler.remove(request)
-        if move is not None:
-            self._cache.move(*move)
-        self._deliver(request, request.result(reason, error, **meta))
 
     def _deliver(self, request: Request, generation: Generation) -> None:
         with self._cond:
             if request.done:
                 return
             request.done = True
-            self._counters["finished"] += 1
+            self._delivered["finished"] += 1
             if generation.finish_reason == "abort":
-                self._counters["aborted"] += 1
+                self._delivered["aborted"] += 1
             elif generation.finish_reason == "error":
-                self._counters["errors"] += 1
+                self._delivered["errors"] += 1
         request.deliver(generation)
 
     def _shutdown(self, reason: FinishReason, error: str | None) -> None:
@@ -469,9 +393,7 @@ class LocalEngine:
                 self._closed_reason = (reason, error)
             inbox, self._inbox = self._inbox, []
             updates, self._updates = self._updates, []
-        for request in [*self._scheduler.drain(), *inbox]:
+        for request in [*self._batch.drain(), *inbox]:
             self._deliver(request, request.result(reason, error))
         for update in updates:
             update.deliver(RuntimeError(error or "LocalEngine closed before the update took effect"))
-        self._cache.clear()
-        self._prefixes.clear()

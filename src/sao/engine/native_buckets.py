@@ -40,7 +40,6 @@ __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "TensorSpec",
     "Wire",
-    "bucket_nbytes",
     "fitted_buckets",
     "misaligned",
     "pack_bucket",
@@ -149,11 +148,6 @@ def misaligned(specs: Sequence[TensorSpec], buckets: Sequence[range]) -> list[st
                 out.append(specs[i].name)
             offset += specs[i].nbytes
     return out
-
-
-def bucket_nbytes(specs: Sequence[TensorSpec], bucket: range) -> int:
-    """Bytes of the flat buffer of ``bucket``."""
-    return sum(specs[i].nbytes for i in bucket)
 
 
 def _bytes_of(tensor: Tensor) -> Tensor:

@@ -1,4 +1,5 @@
-"""Native weight transfer into vLLM and SGLang servers: the request bodies and the order of the calls.
+"""Native weight transfer into vLLM and SGLang servers: the order of the calls (their bodies:
+`sao.engine.native_bodies`).
 
 Instead of reloading from a directory, a server can receive new weights over a collective group it shares
 with the trainer, which is rank 0 of that group; a server's workers are ranks ``rank_offset`` and up. The
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
 import httpx
@@ -56,6 +57,14 @@ import torch
 from torch import Tensor
 
 from sao.engine.http_protocol import ServerError, error_message
+from sao.engine.native_bodies import (
+    SGLANG_GROUP,
+    sglang_init_body,
+    sglang_update_bodies,
+    tensor_specs,
+    vllm_init_body,
+    vllm_update_body,
+)
 from sao.engine.native_buckets import misaligned, plan_buckets, tensor_spec_list
 
 __all__ = [
@@ -66,15 +75,9 @@ __all__ = [
     "push_sglang_native",
     "push_vllm_native",
     "run_concurrently",
-    "sglang_init_body",
-    "sglang_update_body",
-    "tensor_specs",
-    "vllm_init_body",
-    "vllm_update_body",
 ]
 
 T = TypeVar("T")
-SGLANG_GROUP = "weight_update_group"  # SGLang's default group name
 
 
 class Broadcaster(Protocol):
@@ -82,96 +85,6 @@ class Broadcaster(Protocol):
     ``PyNcclCommunicator``."""
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> Any: ...
-
-
-# ---- bodies ------------------------------------------------------------------------------------------------
-
-
-def tensor_specs(state: Mapping[str, Tensor]) -> tuple[list[str], list[str], list[list[int]]]:
-    """``(names, dtype names, shapes)`` of ``state`` in its iteration order; dtype names as the servers
-    parse them (``getattr(torch, name)``: ``"bfloat16"``, ``"float32"``)."""
-    names = list(state)
-    dtypes = [str(t.dtype).removeprefix("torch.") for t in state.values()]
-    shapes = [list(t.shape) for t in state.values()]
-    return names, dtypes, shapes
-
-
-def vllm_init_body(
-    master_address: str, master_port: int, rank_offset: int, world_size: int, **extra: Any
-) -> dict[str, Any]:
-    """Body of vLLM's ``POST /init_weight_transfer_engine`` (NCCL backend, ``NCCLWeightTransferInitInfo``).
-    ``world_size``: the trainer plus every worker of every server in the group. ``extra``: further
-    ``init_info`` fields of the server's release (vLLM refuses unknown ones)."""
-    info = {
-        "master_address": master_address,
-        "master_port": int(master_port),
-        "rank_offset": int(rank_offset),
-        "world_size": int(world_size),
-    }
-    return {"init_info": {**info, **extra}}
-
-
-def vllm_update_body(
-    names: Sequence[str], dtype_names: Sequence[str], shapes: Sequence[Sequence[int]], **extra: Any
-) -> dict[str, Any]:
-    """Body of vLLM's ``POST /update_weights`` (``NCCLWeightTransferUpdateInfo``). ``extra``: further
-    ``update_info`` fields of the server's release, e.g. ``packed=False`` where it is one (vLLM refuses
-    unknown ones). Raises ValueError if the three lists differ in length."""
-    if not len(names) == len(dtype_names) == len(shapes):
-        raise ValueError(f"{len(names)} names, {len(dtype_names)} dtypes, {len(shapes)} shapes")
-    info = {"names": list(names), "dtype_names": list(dtype_names), "shapes": [list(s) for s in shapes]}
-    return {"update_info": {**info, **extra}}
-
-
-def sglang_init_body(
-    master_address: str,
-    master_port: int,
-    rank_offset: int,
-    world_size: int,
-    *,
-    group_name: str = SGLANG_GROUP,
-    backend: str = "nccl",
-) -> dict[str, Any]:
-    """Body of SGLang's ``POST /init_weights_update_group`` (``InitWeightsUpdateGroupReqInput``)."""
-    return {
-        "master_address": master_address,
-        "master_port": int(master_port),
-        "rank_offset": int(rank_offset),
-        "world_size": int(world_size),
-        "group_name": group_name,
-        "backend": backend,
-    }
-
-
-def sglang_update_body(
-    names: Sequence[str],
-    dtypes: Sequence[str],
-    shapes: Sequence[Sequence[int]],
-    *,
-    group_name: str = SGLANG_GROUP,
-    weight_version: str | None = None,
-    flush_cache: bool = False,
-    load_format: str | None = None,
-) -> dict[str, Any]:
-    """Body of SGLang's ``POST /update_weights_from_distributed`` (``UpdateWeightsFromDistributedReqInput``).
-    ``flush_cache`` false keeps the KV of requests paused in place (a flush would drop it); nothing is
-    aborted. ``load_format="flattened_bucket"``: the tensors come as one flat byte buffer, one broadcast.
-    Raises ValueError if the three lists differ in length."""
-    if not len(names) == len(dtypes) == len(shapes):
-        raise ValueError(f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes")
-    body: dict[str, Any] = {
-        "names": list(names),
-        "dtypes": list(dtypes),
-        "shapes": [list(s) for s in shapes],
-        "group_name": group_name,
-        "flush_cache": flush_cache,
-        "abort_all_requests": False,
-    }
-    if weight_version is not None:
-        body["weight_version"] = weight_version
-    if load_format is not None:
-        body["load_format"] = load_format
-    return body
 
 
 def broadcast_each(group: Broadcaster, state: Mapping[str, Tensor], device: torch.device | str) -> None:
@@ -366,31 +279,25 @@ async def push_vllm_native(
     await _then_always(steps(), _post_checked(client, f"{base}/resume", "vLLM resume", timeout_s))
 
 
-def _sglang_update_bodies(
-    state: Mapping[str, Tensor],
-    group_name: str,
-    weight_version: str | None,
-    flush_cache: bool,
-    bucket_bytes: int | None,
-) -> list[dict[str, Any]]:
-    """The ``/update_weights_from_distributed`` bodies of one push: one for every tensor, or one per
-    bucket (``flattened_bucket``), the version and the flush on the last."""
-    specs = tensor_spec_list(state)
-    if bucket_bytes is None:
-        buckets, load_format = [range(len(specs))], None
-    else:
-        buckets, load_format = plan_buckets(specs, bucket_bytes, "sglang"), "flattened_bucket"
-    bodies = []
-    for k, bucket in enumerate(buckets):
-        last = k == len(buckets) - 1
-        part = [specs[i] for i in bucket]
-        body = sglang_update_body(
-            [s.name for s in part], [s.dtype for s in part], [list(s.shape) for s in part],
-            group_name=group_name, weight_version=weight_version if last else None,
-            flush_cache=flush_cache and last, load_format=load_format,
-        )  # fmt: skip
-        bodies.append(body)
-    return bodies
+async def _sglang_update_session(
+    client: httpx.AsyncClient, base: str, bodies: list[dict[str, Any]], timeout_s: float
+) -> None:
+    """The ``/update_weights_from_distributed`` requests of one push, in order, inside a
+    ``/begin_weight_update`` … ``/end_weight_update`` session that ends even if a request fails (no session
+    on a server without them: 404)."""
+    url = f"{base}/update_weights_from_distributed"
+
+    async def loads() -> None:
+        for body in bodies:
+            await _post_checked(client, url, "SGLang update", timeout_s, json=body)
+
+    begin = await client.post(f"{base}/begin_weight_update", json={}, timeout=timeout_s)
+    if begin.status_code == 404:  # a server before update sessions
+        await loads()
+        return
+    _check_answer(begin, f"{base}/begin_weight_update", "SGLang begin")
+    end = _post_checked(client, f"{base}/end_weight_update", "SGLang end", timeout_s, json={})
+    await _then_always(loads(), end)
 
 
 async def push_sglang_native(
@@ -425,21 +332,7 @@ async def push_sglang_native(
     error (see the module docstring).
     """
     base = base_url.rstrip("/")
-    bodies = _sglang_update_bodies(state, group_name, weight_version, flush_cache, bucket_bytes)
-    url = f"{base}/update_weights_from_distributed"
-
-    async def loads() -> None:
-        for body in bodies:
-            await _post_checked(client, url, "SGLang update", timeout_s, json=body)
-
-    async def updates() -> None:
-        begin = await client.post(f"{base}/begin_weight_update", json={}, timeout=timeout_s)
-        if begin.status_code == 404:  # a server before update sessions
-            await loads()
-            return
-        _check_answer(begin, f"{base}/begin_weight_update", "SGLang begin")
-        end = _post_checked(client, f"{base}/end_weight_update", "SGLang end", timeout_s, json={})
-        await _then_always(loads(), end)
+    bodies = sglang_update_bodies(state, group_name, weight_version, flush_cache, bucket_bytes)
 
     async def steps() -> None:
         if pause:
@@ -447,7 +340,7 @@ async def push_sglang_native(
                 client, f"{base}/pause_generation", "SGLang pause", timeout_s, json={"mode": mode}
             )
         await _maybe(on_paused)
-        await run_concurrently(updates(), send)
+        await run_concurrently(_sglang_update_session(client, base, bodies, timeout_s), send)
         await _maybe(on_loaded)
 
     if not pause:

@@ -25,10 +25,9 @@ what to compare (`sao.runtime.push_check`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 __all__ = [
-    "Scorer",
     "check_score_ids",
     "parse_sglang_scores",
     "parse_vllm_scores",
@@ -36,12 +35,6 @@ __all__ = [
     "sglang_score_request",
     "vllm_score_request",
 ]
-
-
-class Scorer(Protocol):
-    async def score(self, token_ids: Sequence[int]) -> list[float]:
-        """``len(token_ids) - 1`` teacher-forced log-probs (module docstring)."""
-        ...
 
 
 def check_score_ids(token_ids: Sequence[int], vocab_size: int | None = None) -> list[int]:

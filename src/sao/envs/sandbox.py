@@ -1,7 +1,8 @@
 """Running model-written code: `run_code` (one shot) and `Sandbox` (a scratch dir kept across the turns of
 an episode). Nothing the code does raises: timeouts, crashes, memory and output overruns all come back as
-a `SandboxResult`, which `SandboxResult.as_observation` turns into text for the model. Only bad arguments
-from the caller raise, and `SandboxUnavailableError` when the sandbox cannot run here.
+a `sao.envs.sandbox_result.SandboxResult`, which `SandboxResult.as_observation` turns into text for the
+model. Only bad arguments from the caller raise, and `SandboxUnavailableError` when the sandbox cannot run
+here.
 
 The mode is ``bwrap`` (bubblewrap). It never silently falls back to a weaker one: where bwrap is missing
 or cannot run, `sandbox_mode`, `Sandbox` and `run_code` raise `SandboxUnavailableError` saying why and how
@@ -72,19 +73,18 @@ import sys
 import threading
 import uuid
 import weakref
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from sao.envs.base import EnvError
 from sao.envs.sandbox_command import Isolation, Limits, make_scratch
 from sao.envs.sandbox_exec import execute, isolation_for, probe_failure
 from sao.envs.sandbox_proc import allocate_uid, kill_leftovers, release_uid
+from sao.envs.sandbox_result import SandboxResult
 
 __all__ = [
     "MODES",
     "MODE_VAR",
     "Sandbox",
-    "SandboxResult",
     "SandboxUnavailableError",
     "require_sandbox",
     "run_code",
@@ -106,67 +106,6 @@ _PROGRAMS = {  # language: (file the code is written to, command)
 class SandboxUnavailableError(RuntimeError):
     """The sandbox untrusted code needs (bwrap, or the mode ``SAO_SANDBOX_MODE`` names) does not work on
     this machine; the message says why and how to fix it."""
-
-
-@dataclass
-class SandboxResult:
-    """One run. ``exit_code`` is None when the sandbox killed the run (timeout, output cap) or it never
-    started, and -N when a signal N ended it; ``oom`` is inferred (a MemoryError-like message on stderr,
-    or a SIGKILL the sandbox did not send)."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    oom: bool
-    truncated: bool
-    duration_s: float
-    mode: str
-
-    def status_line(self) -> str | None:
-        """One line on how the run ended, or None for a clean exit 0."""
-        notes = []
-        if self.timed_out:
-            notes.append(f"timed out after {self.duration_s:.1f} s")
-        if self.oom:
-            notes.append("out of memory")
-        if self.truncated:
-            notes.append("output truncated")
-        if self.exit_code is not None and self.exit_code < 0:
-            notes.append(f"killed by signal {-self.exit_code}")
-        elif self.exit_code:
-            notes.append(f"exit code {self.exit_code}")
-        elif self.exit_code is None and not notes:
-            notes.append("did not run")
-        return "[" + "; ".join(notes) + "]" if notes else None
-
-    def as_observation(self, max_chars: int = 2000) -> str:
-        """Compact text for the model: stdout, then ``[stderr]`` and stderr, then the status line; long
-        streams keep their head and tail. At most ``max_chars`` characters."""
-        if max_chars < 1:
-            raise ValueError(f"max_chars must be >= 1, got {max_chars}")
-        status = self.status_line()
-        budget = max(max_chars - (len(status) + 1 if status else 0) - len("\n[stderr]\n"), 0)
-        out, err = self.stdout.rstrip("\n"), self.stderr.rstrip("\n")
-        err_budget = min(len(err), max(budget // 2, budget - len(out)))
-        parts = [_excerpt(out, budget - err_budget)] if out else []
-        if err:
-            parts.append("[stderr]\n" + _excerpt(err, err_budget))
-        if status:
-            parts.append(status)
-        return ("\n".join(parts) or "(no output)")[:max_chars]
-
-
-def _excerpt(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    marker = "\n... [{} characters omitted] ...\n"
-    room = limit - len(marker.format(len(text)))
-    if room < 20:
-        return text[: max(limit, 0)]
-    head = room // 2
-    tail = room - head
-    return text[:head] + marker.format(len(text) - room) + text[len(text) - tail :]
 
 
 def sandbox_mode() -> str:

@@ -24,7 +24,8 @@ after every save. A checkpoint is committed once ``latest`` names it: one rename
 update was cut off is complete, yet `latest` returns the one the pointer names (the steps after it are
 redone).
 
-This module owns the on-disk format only; what goes into ``trainer_state`` and ``meta`` is the trainer's.
+This module owns the on-disk format and the writing, finding and pruning; reading one checkpoint back is
+`sao.train.checkpoint_load`. What goes into ``trainer_state`` and ``meta`` is the trainer's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,56 +46,13 @@ import torch
 
 from sao import __version__
 
+from .checkpoint_load import FORMAT_VERSION, CheckpointError, LoadedCheckpoint, load_checkpoint
 from .common import atomic_dir
 
-__all__ = [
-    "CheckpointError",
-    "CheckpointManager",
-    "LoadedCheckpoint",
-    "capture_rng",
-    "load_checkpoint",
-    "restore_rng",
-    "resume_point",
-]
+__all__ = ["CheckpointManager", "capture_rng", "restore_rng"]
 
-FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"step_(\d{8,})")
 _LATEST = "latest"
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, incomplete or unreadable; the message names the file."""
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """What `CheckpointManager.load` read back. Models are not loaded: pass ``actor_dir`` / ``critic_dir``
-    to `load_policy` / `load_critic` (with the run's dtype and device). Restore order that reproduces an
-    uninterrupted run: models, optimizer *and* scheduler constructed, then optimizer state, scheduler state,
-    estimator state, and `restore_rng` last (a scheduler's constructor rewrites the optimizer's lrs)."""
-
-    path: Path
-    meta: dict[str, Any]
-    trainer_state: dict[str, Any]
-    rng: dict[str, Any]
-    actor_dir: Path
-    critic_dir: Path | None
-
-    @property
-    def step(self) -> int:
-        return int(self.meta["step"])
-
-    @property
-    def policy_version(self) -> int | None:
-        return self.meta.get("policy_version")
-
-    @property
-    def data_position(self) -> dict[str, Any]:
-        return self.meta.get("data_position", {})
-
-    @property
-    def counters(self) -> dict[str, Any]:
-        return self.meta.get("counters", {})
 
 
 def capture_rng() -> dict[str, Any]:
@@ -185,26 +142,16 @@ class CheckpointManager:
             raise ValueError(f"step must be >= 0, got {step}")
         if (actor is None) == (write_models is None):
             raise ValueError("pass exactly one of actor and write_models")
-        if has_critic is None:
-            has_critic = critic is not None
         meta = {
-            "format": FORMAT_VERSION,
             "step": int(step),
             "policy_version": policy_version,
             "data_position": dict(data_position or {}),
             "counters": dict(counters or {}),
             "config": dict(config or {}),
             "extra": dict(extra or {}),
-            "has_critic": has_critic,
-            "sao_version": __version__,
-            "torch_version": torch.__version__,
-            "timestamp": time.time(),
+            "has_critic": critic is not None if has_critic is None else has_critic,
         }
-        try:  # fail before writing gigabytes of weights
-            meta_text = json.dumps(meta, indent=2, sort_keys=True)
-        except (TypeError, ValueError) as err:
-            raise TypeError(f"checkpoint meta for step {step} is not JSON-serialisable: {err}") from None
-
+        meta_text = _meta_text(meta)  # fails before gigabytes of weights are written
         target = self.path_for(step)
         with atomic_dir(target) as stage:
             if write_models is not None:
@@ -323,57 +270,20 @@ class CheckpointManager:
         return load_checkpoint(path)
 
 
-def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
-    """Read one checkpoint directory; see `CheckpointManager.load`."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {str(path)!r} does not exist")
-    meta_file = path / "meta.json"
+def _meta_text(meta: dict[str, Any]) -> str:
+    """``meta.json`` of a checkpoint: ``meta`` plus the format, versions and time; TypeError naming the
+    step when a value is not JSON-serialisable."""
+    meta = {
+        "format": FORMAT_VERSION,
+        **meta,
+        "sao_version": __version__,
+        "torch_version": torch.__version__,
+        "timestamp": time.time(),
+    }
     try:
-        meta = json.loads(meta_file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"incomplete checkpoint: {str(meta_file)!r} is missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CheckpointError(f"corrupt checkpoint file {str(meta_file)!r}: {err}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
-        raise CheckpointError(f"corrupt checkpoint file {str(meta_file)!r}: no integer 'step'")
-    if meta.get("format", FORMAT_VERSION) > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{str(meta_file)!r} has checkpoint format {meta['format']}, this sao reads <= {FORMAT_VERSION}"
-        )
-    actor_dir = path / "actor"
-    if not (actor_dir / "config.json").is_file():
-        raise CheckpointError(f"incomplete checkpoint: {str(actor_dir / 'config.json')!r} is missing")
-    critic_dir = path / "critic"
-    if meta.get("has_critic") and not (critic_dir / "config.json").is_file():
-        raise CheckpointError(f"incomplete checkpoint: {str(critic_dir / 'config.json')!r} is missing")
-    return LoadedCheckpoint(
-        path=path,
-        meta=meta,
-        trainer_state=_torch_load(path / "trainer_state.pt"),
-        rng=_torch_load(path / "rng.pt"),
-        actor_dir=actor_dir,
-        critic_dir=critic_dir if critic_dir.is_dir() else None,
-    )
-
-
-def resume_point(run_dir: str | Path) -> LoadedCheckpoint | None:
-    """The latest checkpoint of ``run_dir`` loaded, or None when it has none (a fresh run)."""
-    manager = CheckpointManager(run_dir)
-    path = manager.latest()
-    return None if path is None else manager.load(path)
-
-
-def _torch_load(file: Path) -> dict[str, Any]:
-    if not file.is_file():
-        raise CheckpointError(f"incomplete checkpoint: {str(file)!r} is missing")
-    try:
-        value = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises many types for a truncated or foreign file
-        raise CheckpointError(f"corrupt checkpoint file {str(file)!r}: {type(err).__name__}: {err}") from None
-    if not isinstance(value, dict):
-        raise CheckpointError(f"corrupt checkpoint file {str(file)!r}: expected a dict, got {type(value)}")
-    return value
+        return json.dumps(meta, indent=2, sort_keys=True)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"checkpoint meta for step {meta['step']} is not JSON-serialisable: {err}") from None
 
 
 def _fsync_tree(root: Path) -> None:

@@ -1,12 +1,12 @@
-"""Small pieces shared by the training loops: data splits, batching, schedules, atomic saves."""
+"""Small pieces shared by the training loops: data splits, batching, seeding, atomic saves (lr schedules:
+`sao.train.step_schedule`)."""
 
 from __future__ import annotations
 
-import math
 import random
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-__all__ = ["atomic_dir", "batches_forever", "ready_for_training", "set_seed", "split_eval", "warmup_cosine"]
+__all__ = ["atomic_dir", "batches_forever", "ready_for_training", "set_seed", "split_eval"]
 
 T = TypeVar("T")
 M = TypeVar("M", bound=nn.Module)
@@ -38,18 +38,6 @@ def batches_forever(items: Sequence[T], batch_size: int, seed: int) -> Iterator[
         rng.shuffle(order)
         for start in range(0, len(order), batch_size):
             yield order[start : start + batch_size]
-
-
-def warmup_cosine(total_steps: int, warmup_steps: int, floor: float = 0.1) -> Callable[[int], float]:
-    """LR multiplier: linear warm-up to 1, then cosine decay to ``floor`` at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 @contextmanager

@@ -6,7 +6,7 @@
   name: entries ``actor``, ``critic``, ``actor_optim``, ``critic_optim``);
 - ``actor/`` and, with a critic, ``critic/``: the full weights as Hugging Face directories (rank 0), laid
   out as ``save_pretrained`` of the plain models writes them (`CriticModel.save_pretrained` is its token
-  classification model's), so `sao.train.checkpoint.load_checkpoint`, ``sao eval --model dir/actor`` and
+  classification model's), so `sao.train.checkpoint_load.load_checkpoint`, ``sao eval --model dir/actor`` and
   the one-process runtime read them.
 
 `load_sharded` restores the shards on any number of ranks (DCP reshards: W' need not be the W that

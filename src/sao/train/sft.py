@@ -28,9 +28,13 @@ from sao.models.chat import ChatTemplateError, render_chat, sft_trajectory
 from sao.sinks import JsonlMetricsSink
 from sao.types import Batch, Trajectory
 
-from .common import atomic_dir, batches_forever, ready_for_training, set_seed, split_eval, warmup_cosine
+from .common import atomic_dir, batches_forever, ready_for_training, set_seed, split_eval
+from .step_schedule import actor_lr_factor
 
 __all__ = ["SFTOptions", "load_chat_jsonl", "run_sft", "sft_loss"]
+
+# The lr warms up linearly over warmup_steps, then decays by cosine to this fraction of lr at steps.
+SFT_LR_FLOOR = 0.1
 
 
 @dataclass(frozen=True)
@@ -129,6 +133,34 @@ def _eval_loss(model: torch.nn.Module, trajs: list[Trajectory], opts: SFTOptions
     return total / max(count, 1)
 
 
+def _load_for_sft(model_dir: str | Path, opts: SFTOptions) -> tuple[torch.nn.Module, Any]:
+    """The policy of ``model_dir`` ready to train (`ready_for_training`, train mode) and its tokenizer with
+    ``opts``' chat template (``enable_thinking`` bound into it, so evaluation and RL render the same)."""
+    from sao.models.loading import load_policy, load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir, chat_template=opts.chat_template)
+    if opts.enable_thinking is not None:
+        from sao.models.templates import bind_template_variables
+
+        tokenizer.chat_template = bind_template_variables(
+            tokenizer.chat_template, enable_thinking=opts.enable_thinking
+        )
+    model = ready_for_training(load_policy(model_dir, dtype=opts.master_dtype, device=opts.device), opts)
+    model.train()
+    return model, tokenizer
+
+
+def _progress_bar(console: Console) -> Progress:
+    columns = (
+        TextColumn("sft"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f} eval {task.fields[eval]}"),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=console)
+
+
 def run_sft(
     model_dir: str | Path,
     data_path: str | Path,
@@ -140,40 +172,24 @@ def run_sft(
 
     Returns ``{"train_loss", "eval_loss_start", "eval_loss", "steps"}``.
     """
-    from sao.models.loading import load_policy, load_tokenizer
-
     console = console or Console(stderr=True)
     set_seed(opts.seed)
-    tokenizer = load_tokenizer(model_dir, chat_template=opts.chat_template)
-    if opts.enable_thinking is not None:  # bound into the saved template: evaluation and RL render the same
-        from sao.models.templates import bind_template_variables
-
-        tokenizer.chat_template = bind_template_variables(
-            tokenizer.chat_template, enable_thinking=opts.enable_thinking
-        )
-    model = ready_for_training(load_policy(model_dir, dtype=opts.master_dtype, device=opts.device), opts)
-    model.train()
+    model, tokenizer = _load_for_sft(model_dir, opts)
     trajs = _trajectories(tokenizer, load_chat_jsonl(data_path), opts.max_tokens)
     train, held_out = split_eval(trajs, opts.eval_frac, opts.seed)
     console.print(f"sft: {len(train)} train / {len(held_out)} eval conversations, {opts.steps} steps")
 
     optim = torch.optim.AdamW(model.parameters(), lr=opts.lr, weight_decay=opts.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(optim, warmup_cosine(opts.steps, opts.warmup_steps))
+    lr_factor = actor_lr_factor("cosine", opts.warmup_steps, opts.steps, floor=SFT_LR_FLOOR)
+    sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_factor)
     eval_start = _eval_loss(model, held_out, opts)
     result: dict[str, float | None] = {"eval_loss_start": eval_start, "eval_loss": eval_start}
     batches = batches_forever(train, opts.batch_size, opts.seed)
     started = time.monotonic()
-    columns = (
-        TextColumn("sft"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.3f} eval {task.fields[eval]}"),
-        TimeRemainingColumn(),
-    )
     with (
         atomic_dir(out_dir) as stage,
         JsonlMetricsSink(stage / "sft_metrics.jsonl") as sink,
-        Progress(*columns, console=console) as bar,
+        _progress_bar(console) as bar,
     ):
         task = bar.add_task("sft", total=opts.steps, loss=float("nan"), eval=_fmt(eval_start))
         for step in range(opts.steps):

@@ -11,20 +11,17 @@ import torch
 from torch import Tensor
 
 from sao.algos import response_mask
-from sao.algos.packed import segment_count
+from sao.algos.packed import action_span_bounds, segment_count
 from sao.types import Batch
 
-__all__ = ["batch_metrics", "turns_per_trajectory"]
+__all__ = ["batch_metrics"]
 
 
-def turns_per_trajectory(batch: Batch) -> Tensor:
-    """``(B,)`` long: action spans per trajectory (a span ends where the next token is not an action token
-    of the same turn in the same trajectory), as `Trajectory.num_turns` counts them."""
-    action = batch.action_mask.bool()
-    continues = torch.zeros_like(action)
-    same_seq = batch.seq_ids[1:] == batch.seq_ids[:-1]
-    continues[:-1] = action[1:] & (batch.turn_ids[1:] == batch.turn_ids[:-1]) & same_seq
-    return segment_count(action & ~continues, batch.seq_ids, batch.num_sequences)
+def _turns_per_trajectory(batch: Batch) -> Tensor:
+    """``(B,)`` long: action spans per trajectory (`sao.algos.packed.action_span_bounds`), as
+    `Trajectory.num_turns` counts them."""
+    _, ends = action_span_bounds(batch.action_mask.bool(), batch.turn_ids, batch.seq_ids)
+    return segment_count(ends, batch.seq_ids, batch.num_sequences)
 
 
 def _version_span(batch: Batch) -> Tensor:
@@ -57,7 +54,7 @@ def batch_metrics(batch: Batch, policy_version: int) -> dict[str, float]:
         "batch/action_tokens_mean": float(action_tokens.mean()),
         "batch/action_tokens": float(action_tokens.sum()),
         "batch/tokens": float(batch.num_tokens),
-        "batch/turns_mean": float(turns_per_trajectory(batch).float().mean()),
+        "batch/turns_mean": float(_turns_per_trajectory(batch).float().mean()),
         "lag/token_mean": float(lag.mean()) if lag.numel() else 0.0,
         "lag/token_max": float(lag.max()) if lag.numel() else 0.0,
         "lag/version_span_mean": float(span.mean()),

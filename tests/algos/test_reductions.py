@@ -1,4 +1,4 @@
-"""Masked moments and whitening over action tokens."""
+"""Masked moments over action tokens."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from sao.algos import masked_mean, masked_var, masked_whiten
+from sao.algos import masked_mean, masked_var
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,18 +29,3 @@ def test_masked_var_matches_numpy(unbiased):
 
 def test_masked_mean_of_empty_mask_is_zero():
     assert float(masked_mean(torch.ones(3), torch.zeros(3, dtype=torch.bool))) == 0.0
-
-
-def test_masked_whiten_gives_zero_mean_unit_variance_on_the_mask_and_zero_elsewhere():
-    x, mask = _data()
-    out = masked_whiten(x, mask)
-    assert float(masked_mean(out, mask)) == pytest.approx(0.0, abs=1e-12)
-    assert float(masked_var(out, mask)) == pytest.approx(1.0, rel=1e-6)
-    assert torch.equal(out[~mask], torch.zeros(2, dtype=torch.float64))
-
-
-def test_masked_whiten_without_shift_keeps_the_mean():
-    x, mask = _data()
-    out = masked_whiten(x, mask, shift_mean=False)
-    assert float(masked_mean(out, mask)) == pytest.approx(float(masked_mean(x, mask)))
-    assert float(masked_var(out, mask)) == pytest.approx(1.0, rel=1e-6)

@@ -1,4 +1,4 @@
-"""Masked reductions on the packed layout: loss aggregation modes, masked moments, whitening."""
+"""Masked reductions on the packed layout: loss aggregation modes and masked moments."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .packed import segment_count, segment_sum, seq_ids_from_cu_seqlens
 
-__all__ = ["AGG_MODES", "LossAgg", "aggregate", "masked_mean", "masked_var", "masked_whiten"]
+__all__ = ["AGG_MODES", "LossAgg", "aggregate", "masked_mean", "masked_var"]
 
 LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
@@ -69,13 +69,3 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = False) -> Tensor:
     centred = torch.where(mask, x - masked_mean(x, mask), torch.zeros((), dtype=x.dtype, device=x.device))
     denom = (n - 1) if unbiased else n
     return (centred**2).sum() / denom.clamp(min=1)
-
-
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
-    """Normalise ``x`` to unit variance over ``mask`` (and zero mean if ``shift_mean``); 0 off the mask."""
-    mask = mask.bool()
-    mean = masked_mean(x, mask)
-    out = (x - mean) * torch.rsqrt(masked_var(x, mask) + eps)
-    if not shift_mean:
-        out = out + mean
-    return torch.where(mask, out, torch.zeros((), dtype=x.dtype, device=x.device))
