@@ -62,7 +62,7 @@ def _trainer(model: Path, preset: str):
     from sao.models.attention import PACKED_ATTENTION
     from sao.models.critic import load_critic
     from sao.models.loading import load_policy
-    from sao.runtime.build import build_trainer
+    from sao.runtime.build import FACTORIES, build_trainer
 
     extra = ["algo.group_size=8"] if preset == "grpo" else []
     cfg = load_config(None, [f"algo={preset}", *extra, f"model.path={model}", "model.dtype=float32",
@@ -71,7 +71,7 @@ def _trainer(model: Path, preset: str):
     critic = None
     if cfg.algo.uses_critic:
         critic = load_critic(model, freeze=cfg.critic.freeze, dtype="float32", device="cpu", head_init="zero")
-    return build_trainer(cfg, actor, critic)
+    return build_trainer(FACTORIES["trainer"](cfg), actor, critic)
 
 
 def measure(model: Path, preset: str, steps: int) -> float:
@@ -93,12 +93,13 @@ def profile(model: Path, preset: str) -> None:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from sao.train import step as step_module
+    from sao.train import step_critic
 
     trainer = _trainer(model, preset)
     batches = [_batch(s) for s in range(4)]
     for i in range(3):
         trainer.train_step(batches[i % 4], policy_version=i)
-    phases = {"forward": step_module.token_logprobs, "critic fwd": step_module.token_values,
+    phases = {"forward": step_module.token_logprobs, "critic fwd": step_critic.token_values,
               "optimizer": torch.optim.AdamW.step, "backward": torch.Tensor.backward}  # fmt: skip
 
     def spanned(name, fn):
@@ -109,7 +110,7 @@ def profile(model: Path, preset: str) -> None:
         return wrapped
 
     step_module.token_logprobs = spanned("forward", phases["forward"])
-    step_module.token_values = spanned("critic fwd", phases["critic fwd"])
+    step_critic.token_values = spanned("critic fwd", phases["critic fwd"])
     torch.optim.AdamW.step = spanned("optimizer", phases["optimizer"])
     torch.Tensor.backward = spanned("backward", phases["backward"])
     try:
@@ -119,7 +120,7 @@ def profile(model: Path, preset: str) -> None:
                     trainer.train_step(batches[i % 4], policy_version=i)
     finally:
         step_module.token_logprobs = phases["forward"]
-        step_module.token_values = phases["critic fwd"]
+        step_critic.token_values = phases["critic fwd"]
         torch.optim.AdamW.step = phases["optimizer"]
         torch.Tensor.backward = phases["backward"]
     events = {e.key: e.cpu_time_total / 1e3 / 5 for e in prof.key_averages() if e.key.startswith("phase::")}

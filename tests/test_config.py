@@ -46,39 +46,31 @@ def test_preset_loads_with_spec_values(name: str) -> None:
     advantage, loss, eps_low, eps_high, k, freeze, group, pretrain = EXPECTED[name]
     cfg = load_config(None, [*TINY, f"algo={name}"])
     algo = cfg.algo
-    assert (algo.preset, algo.advantage, algo.policy_loss) == (name, advantage, loss)
-    assert (algo.eps_low, algo.eps_high, algo.group_size) == (eps_low, eps_high, group)
+    assert (algo.preset, algo.advantage.type, algo.loss.type) == (name, advantage, loss)
+    assert (algo.loss.eps_low, algo.loss.eps_high, algo.group_size) == (eps_low, eps_high, group)
     assert algo.uses_critic == (k is not None)
-    assert algo.needs_old_logprobs == (loss == "ppo_clip")
+    assert (algo.loss.reference == "old") == (loss == "ppo_clip")
     assert cfg.value_pretrain_enabled == pretrain
     if k is not None:
         assert (algo.k_critic, cfg.critic.freeze) == (k, freeze)
-        assert algo.lam_policy == "adaptive" and algo.adaptive_alpha == 1.5 and algo.lam_critic == 1.0
+        adv = algo.advantage
+        assert adv.lam_policy == "adaptive" and adv.adaptive_alpha == 1.5 and adv.lam_critic == 1.0
 
 
 def test_preset_specific_parameters() -> None:
     def algo(name: str) -> AlgoConfig:
         return load_config(None, [*TINY, f"algo={name}"]).algo
 
-    assert algo("vapo").nll_coef == 0.1 and algo("sao").nll_coef == 0.0
-    assert (algo("running_mean_8").running_mean_window, algo("running_mean_8").running_mean_scope) == (
-        8,
-        "prompt",
-    )
-    assert (algo("running_mean_128").running_mean_window, algo("running_mean_128").running_mean_scope) == (
-        128,
-        "global",
-    )
-    assert algo("step_average").step_value == "average"
-    assert algo("step_last_token").step_value == "last_token"
-    spo = algo("spo")
-    assert (spo.spo_d_half, spo.spo_rho_min, spo.spo_rho_max, spo.spo_sampling_floor) == (
-        0.06,
-        0.875,
-        0.96,
-        0.05,
-    )
-    assert algo("grpo").normalize_std
+    assert algo("vapo").loss.nll_coef == 0.1 and algo("sao").loss.nll_coef == 0.0
+    rm8, rm128 = algo("running_mean_8").advantage, algo("running_mean_128").advantage
+    assert (rm8.window, rm8.scope) == (8, "prompt")
+    assert (rm128.window, rm128.scope) == (128, "global")
+    assert algo("step_average").advantage.step_value == "average"
+    assert algo("step_last_token").advantage.step_value == "last_token"
+    spo = algo("spo").advantage
+    assert (spo.d_half, spo.rho_min, spo.rho_max, spo.sampling_floor) == (0.06, 0.875, 0.96, 0.05)
+    assert spo.prioritized_sampling
+    assert algo("grpo").advantage.normalize_std
 
 
 def test_algo_defaults_are_the_sao_preset() -> None:
@@ -88,7 +80,13 @@ def test_algo_defaults_are_the_sao_preset() -> None:
 def test_default_preset_is_sao_and_spec_readings_are_defaults() -> None:
     cfg = load_config(None, TINY)
     assert cfg.algo.preset == "sao"
-    assert (cfg.algo.gamma, cfg.algo.loss_agg, cfg.algo.adaptive_length) == (1.0, "token-mean", "action")
+    algo = cfg.algo
+    assert (algo.advantage.gamma, algo.loss.agg, algo.advantage.adaptive_length) == (
+        1.0,
+        "token-mean",
+        "action",
+    )
+    assert algo.advantage.truncation == "terminal"
     assert cfg.critic.value_clip is None and cfg.critic.recompute_values
 
 
@@ -100,21 +98,24 @@ def test_override_beats_preset() -> None:
 def test_override_switches_preset_named_in_yaml(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: {preset: sao}\n")
     cfg = load_config(path, ["algo=grpo_dis"])
-    assert (cfg.algo.preset, cfg.algo.advantage, cfg.algo.group_size) == ("grpo_dis", "grpo", 8)
-    assert load_config(path, ["algo.preset=vapo"]).algo.advantage == "token_gae"
+    assert (cfg.algo.preset, cfg.algo.advantage.type, cfg.algo.group_size) == ("grpo_dis", "grpo", 8)
+    assert load_config(path, ["algo.preset=vapo"]).algo.advantage.type == "token_gae"
 
 
 def test_yaml_field_beats_preset_and_override_beats_yaml(tmp_path: Path) -> None:
-    path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: {preset: grpo_dis, eps_high: 2.0}\n")
-    assert load_config(path).algo.eps_high == 2.0
-    assert load_config(path, ["algo.eps_high=3.5"]).algo.eps_high == 3.5
+    path = write_yaml(
+        tmp_path, "model: {tiny_arch: qwen3}\nalgo: {preset: grpo_dis, loss: {eps_high: 2.0}}\n"
+    )
+    assert load_config(path).algo.loss.eps_high == 2.0
+    assert load_config(path).algo.loss.eps_low == 0.3  # the preset's other loss fields stay
+    assert load_config(path, ["algo.loss.eps_high=3.5"]).algo.loss.eps_high == 3.5
     # An explicit YAML field also survives a preset switch on the command line.
-    assert load_config(path, ["algo=sao"]).algo.eps_high == 2.0
+    assert load_config(path, ["algo=sao"]).algo.loss.eps_high == 2.0
 
 
 def test_yaml_shorthand_names_the_preset(tmp_path: Path) -> None:
     path = write_yaml(tmp_path, "model: {tiny_arch: qwen3}\nalgo: spo\n")
-    assert load_config(path).algo.advantage == "spo"
+    assert load_config(path).algo.advantage.type == "spo"
 
 
 def test_override_values_are_parsed_as_yaml() -> None:
@@ -166,27 +167,43 @@ def test_unknown_section_in_override_is_named() -> None:
 
 
 def test_override_below_a_value_is_rejected() -> None:
-    with pytest.raises(ConfigError, match=r"algo\.gamma is a value, not a section"):
-        load_config(None, [*TINY, "algo.gamma.x=1"])
+    with pytest.raises(ConfigError, match=r"algo\.k_critic is a value, not a section"):
+        load_config(None, [*TINY, "algo.k_critic.x=1"])
 
 
 def test_override_without_equals_is_rejected() -> None:
     with pytest.raises(ConfigError, match=r"key\.sub=value"):
-        load_config(None, [*TINY, "algo.gamma"])
+        load_config(None, [*TINY, "algo.k_critic"])
 
 
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("algo.eps_low=1.5", r"algo\.eps_low: got 1\.5; .*less than 1"),
+        ("algo.loss.eps_low=1.5", r"algo\.loss\.eps_low: got 1\.5; .*less than 1"),
         ("algo.k_critic=0", r"algo\.k_critic: got 0; .*greater than or equal to 1"),
-        ("algo.advantage=foo", r"algo\.advantage: got 'foo'; .*'skip_observation_gae'"),
-        ("algo.lam_policy=1.5", r"algo\.lam_policy: got 1\.5; .*\[0, 1\]"),
+        ("algo.advantage.type=foo", r"algo\.advantage\.type: got 'foo'; .*'skip_observation_gae'"),
+        ("algo.advantage.lam_policy=1.5", r"algo\.advantage\.lam_policy: got 1\.5; .*\[0, 1\]"),
         ("engine.top_p=0", r"engine\.top_p: got 0"),
         ("trainer.lr=fast", r"trainer\.lr: got 'fast'"),
     ],
 )
 def test_invalid_value_names_key_and_value(override: str, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        load_config(None, [*TINY, override])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("algo.eps_low=1.5", r"algo\.eps_low \(in overrides\) has moved: write algo\.loss\.eps_low=1\.5"),
+        ("algo.advantage=foo", r"algo\.advantage \(in overrides\) .*write algo\.advantage\.type=foo"),
+        (
+            "algo.lam_policy=1.5",
+            r"algo\.lam_policy \(in overrides\) has moved: write algo\.advantage\.lam_policy",
+        ),
+    ],
+)
+def test_flat_algo_key_is_refused_with_its_new_spelling(override: str, expected: str) -> None:
     with pytest.raises(ConfigError, match=expected):
         load_config(None, [*TINY, override])
 
@@ -243,7 +260,7 @@ def test_config_error_is_a_value_error() -> None:
 def test_sections_reject_bad_assignment() -> None:
     cfg = load_config(None, TINY)
     with pytest.raises(ValueError):
-        cfg.algo.eps_low = 2.0
+        cfg.algo.loss.eps_low = 2.0
 
 
 def test_critic_pretrain_enabled_overrides_preset() -> None:

@@ -1,9 +1,10 @@
 """Algorithm presets (docs/config.md): plain data, applied by `sao.config.load_config` before the YAML and
 overrides.
 
-A preset is a partial run config `{"algo": {...AlgoConfig fields...}, "critic": {...}}`. It fixes the
-advantage estimator, the policy loss and its band, the critic schedule and the group size; anything it leaves
-out keeps the `AlgoConfig` / `CriticConfig` default. YAML values and dotted overrides win over a preset.
+A preset is a partial run config `{"algo": {"advantage": {"type": ...}, "loss": {"type": ...}, ...},
+"critic": {...}}`: a named typed config. It fixes the advantage estimator, the policy loss and its band, the
+critic schedule and the group size; anything it leaves out keeps the class's default. YAML values and dotted
+overrides win over a preset (a YAML or override that names another ``type`` starts that class afresh).
 """
 
 from __future__ import annotations
@@ -11,79 +12,61 @@ from __future__ import annotations
 from typing import Any
 
 # The paper's math-with-Python-tool DIS band (0.7, 6.0); coding agents use eps_low=0.8, eps_high=3.0.
-_DIS_MATH = {"policy_loss": "dis", "eps_low": 0.3, "eps_high": 5.0}
+_DIS_MATH = {"type": "dis", "eps_low": 0.3, "eps_high": 5.0}
 # DAPO clip-higher, the GRPO and VAPO baselines' PPO band.
-_CLIP_HIGHER = {"policy_loss": "ppo_clip", "eps_low": 0.2, "eps_high": 0.28}
+_CLIP_HIGHER = {"type": "ppo_clip", "eps_low": 0.2, "eps_high": 0.28}
+_ADAPTIVE_GAE = {"lam_policy": "adaptive", "adaptive_alpha": 1.5, "lam_critic": 1.0}
 
 _SAO_ALGO: dict[str, Any] = {
-    "advantage": "skip_observation_gae",
-    **_DIS_MATH,
+    "advantage": {"type": "skip_observation_gae", **_ADAPTIVE_GAE},
+    "loss": dict(_DIS_MATH),
     "k_critic": 2,
     "group_size": 1,
-    "lam_policy": "adaptive",
-    "adaptive_alpha": 1.5,
-    "lam_critic": 1.0,
     "value_pretrain": True,
 }
 _FROZEN_ATTENTION = {"freeze": "attention"}
 _FULL_CRITIC = {"freeze": "none"}
 _NO_CRITIC = {"k_critic": 1, "value_pretrain": False}
 
+
+def _step_gae(step_value: str) -> dict[str, Any]:
+    return {**_SAO_ALGO, "advantage": {"type": "step_gae", **_ADAPTIVE_GAE, "step_value": step_value}}
+
+
+def _running_mean(window: int, scope: str) -> dict[str, Any]:
+    advantage = {"type": "running_mean", "window": window, "scope": scope}
+    return {"advantage": advantage, "loss": dict(_DIS_MATH), "group_size": 1, **_NO_CRITIC}
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "sao": {"algo": dict(_SAO_ALGO), "critic": dict(_FROZEN_ATTENTION)},
     "grpo": {
-        "algo": {"advantage": "grpo", **_CLIP_HIGHER, "group_size": 8, "normalize_std": True, **_NO_CRITIC},
+        "algo": {"advantage": {"type": "grpo", "normalize_std": True}, "loss": dict(_CLIP_HIGHER),
+                 "group_size": 8, **_NO_CRITIC},
     },
     "grpo_dis": {
-        "algo": {"advantage": "grpo", **_DIS_MATH, "group_size": 8, "normalize_std": True, **_NO_CRITIC},
+        "algo": {"advantage": {"type": "grpo", "normalize_std": True}, "loss": dict(_DIS_MATH),
+                 "group_size": 8, **_NO_CRITIC},
     },
     "sao_dis_only": {"algo": {**_SAO_ALGO, "k_critic": 1}, "critic": dict(_FULL_CRITIC)},
     "sao_k1": {"algo": {**_SAO_ALGO, "k_critic": 1}, "critic": dict(_FROZEN_ATTENTION)},
     "sao_full_critic": {"algo": dict(_SAO_ALGO), "critic": dict(_FULL_CRITIC)},
     "vapo": {
         "algo": {
-            "advantage": "token_gae",
-            **_CLIP_HIGHER,
+            "advantage": {"type": "token_gae", **_ADAPTIVE_GAE},
+            "loss": {**_CLIP_HIGHER, "nll_coef": 0.1},
             "group_size": 8,
-            "nll_coef": 0.1,
             "k_critic": 1,
-            "lam_policy": "adaptive",
-            "adaptive_alpha": 1.5,
-            "lam_critic": 1.0,
             "value_pretrain": True,
         },
         "critic": dict(_FULL_CRITIC),
     },
-    "running_mean_8": {
-        "algo": {
-            "advantage": "running_mean",
-            **_DIS_MATH,
-            "group_size": 1,
-            "running_mean_window": 8,
-            "running_mean_scope": "prompt",
-            **_NO_CRITIC,
-        },
-    },
-    "running_mean_128": {
-        "algo": {
-            "advantage": "running_mean",
-            **_DIS_MATH,
-            "group_size": 1,
-            "running_mean_window": 128,
-            "running_mean_scope": "global",
-            **_NO_CRITIC,
-        },
-    },
-    "spo": {"algo": {"advantage": "spo", **_DIS_MATH, "group_size": 1, **_NO_CRITIC}},
-    "step_average": {
-        "algo": {**_SAO_ALGO, "advantage": "step_gae", "step_value": "average"},
-        "critic": dict(_FROZEN_ATTENTION),
-    },
-    "step_last_token": {
-        "algo": {**_SAO_ALGO, "advantage": "step_gae", "step_value": "last_token"},
-        "critic": dict(_FROZEN_ATTENTION),
-    },
-}
+    "running_mean_8": {"algo": _running_mean(8, "prompt")},
+    "running_mean_128": {"algo": _running_mean(128, "global")},
+    "spo": {"algo": {"advantage": {"type": "spo"}, "loss": dict(_DIS_MATH), "group_size": 1, **_NO_CRITIC}},
+    "step_average": {"algo": _step_gae("average"), "critic": dict(_FROZEN_ATTENTION)},
+    "step_last_token": {"algo": _step_gae("last_token"), "critic": dict(_FROZEN_ATTENTION)},
+}  # fmt: skip
 
 PRESET_DESCRIPTIONS: dict[str, str] = {
     "sao": "SAO: single rollout, skip-observation GAE, DIS, K=2 frozen-attention critic, value pretraining",

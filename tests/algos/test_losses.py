@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sao.algos.aggregate import aggregate
 from sao.algos.losses import dis_loss, positive_nll_loss, ppo_clip_loss
+from sao.algos.reductions import aggregate
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Truncated trajectories: ``algo.truncation`` "terminal" (default) vs "bootstrap" in the GAE family.
+"""Truncated trajectories: ``algo.advantage.truncation`` "terminal" (default) vs "bootstrap" (GAE family).
 
 With "bootstrap", a trajectory cut by the token or turn budget takes the critic's value at its last action
 token as the next value after it: ``δ_last = r_last + γ·V_last − V_last`` (instead of ``r_last − V_last``).
@@ -13,14 +13,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sao.algos import GRPO, AdvantageInputs, SkipObservationGAE, StepGAE, TokenGAE
 from sao.algos.gae import skip_observation_gae, step_gae, token_gae
-from sao.algos.registry import (
-    AdvantageInputs,
-    AdvantageParams,
-    compute_advantages,
-    critic_targets,
-    estimate_advantages,
-)
 
 from .strategies import (
     Packed,
@@ -262,7 +256,9 @@ def test_skip_observation_bootstrap_equals_adding_gamma_v_last_to_the_last_rewar
     torch.testing.assert_close(got[1], want[1], rtol=1e-9, atol=1e-9)
 
 
-# ---- through the registry: algo.truncation -------------------------------------------------------------
+# ---- through the estimators: algo.advantage.truncation ------------------------------------------------
+
+GAE_CLASSES = {"skip_observation_gae": SkipObservationGAE, "token_gae": TokenGAE, "step_gae": StepGAE}
 
 
 def _inputs(truncated: torch.Tensor | None = TRUNCATED) -> AdvantageInputs:
@@ -278,55 +274,58 @@ def _inputs(truncated: torch.Tensor | None = TRUNCATED) -> AdvantageInputs:
     )
 
 
-def test_default_truncation_is_terminal():
-    assert AdvantageParams().truncation == "terminal"
+@pytest.mark.parametrize("cls", GAE_CLASSES.values())
+def test_default_truncation_is_terminal(cls):
+    assert cls().truncation == "terminal"
 
 
 @pytest.mark.parametrize(("gamma", "lam"), list(SKIP_OBS_CASES))
-def test_registry_truncation_mode_reaches_advantages_and_critic_targets(gae_path, gamma, lam):
+def test_truncation_mode_reaches_advantages_and_critic_targets(gae_path, gamma, lam):
     # Policy λ = lam, critic λ = lam: the advantages and the targets are the hand cases above.
     for mode in ("terminal", "bootstrap"):
-        params = AdvantageParams(gamma=gamma, lam_policy=lam, lam_critic=lam, truncation=mode)
+        est = SkipObservationGAE(gamma=gamma, lam_policy=lam, lam_critic=lam, truncation=mode)
         want_adv, want_ret = SKIP_OBS_CASES[(gamma, lam)][mode]
-        result = estimate_advantages("skip_observation_gae", _inputs(), params)
-        torch.testing.assert_close(result.advantages, _on_actions(want_adv))
-        targets = critic_targets("skip_observation_gae", _inputs(), params)
+        torch.testing.assert_close(est.estimate(_inputs(), None).advantages, _on_actions(want_adv))
+        torch.testing.assert_close(est.advantages(_inputs()).advantages, _on_actions(want_adv))
+        targets = est.targets(_inputs())
         torch.testing.assert_close(targets.returns, _on_actions(want_ret))
         assert targets.value_mask is None
-        both = compute_advantages("skip_observation_gae", _inputs(), params)
-        torch.testing.assert_close(both.returns, _on_actions(want_ret))
 
 
-def test_registry_decoupled_lambda_with_bootstrap():
+def test_decoupled_lambda_with_bootstrap():
     # Advantages with the policy λ = .5, targets with the critic λ = 1 (γ = 1): Monte-Carlo 1.3 for the
     # truncated trajectory (.5 + V_last .8), 1 for the terminal one.
-    params = AdvantageParams(lam_policy=0.5, lam_critic=1.0, truncation="bootstrap")
-    result = compute_advantages("skip_observation_gae", _inputs(), params)
-    torch.testing.assert_close(result.advantages, _on_actions(SKIP_OBS_CASES[(1.0, 0.5)]["bootstrap"][0]))
-    torch.testing.assert_close(result.returns, _on_actions([1, 1, 1, 1.3, 1.3, 1.3, 1.3]))
+    est = SkipObservationGAE(lam_policy=0.5, lam_critic=1.0, truncation="bootstrap")
+    advantages = est.advantages(_inputs()).advantages
+    torch.testing.assert_close(advantages, _on_actions(SKIP_OBS_CASES[(1.0, 0.5)]["bootstrap"][0]))
+    torch.testing.assert_close(est.targets(_inputs()).returns, _on_actions([1, 1, 1, 1.3, 1.3, 1.3, 1.3]))
 
 
-def test_registry_step_gae_bootstrap_targets_and_value_mask():
-    params = AdvantageParams(lam_policy=1.0, step_value="last_token", truncation="bootstrap")
-    targets = critic_targets("step_gae", _inputs(), params)
+def test_step_gae_bootstrap_targets_and_value_mask():
+    est = StepGAE(lam_policy=1.0, step_value="last_token", truncation="bootstrap")
+    targets = est.targets(_inputs())
     torch.testing.assert_close(targets.returns, _on_actions([0, 1, 1, 0, 1.3, 0, 1.3]))
     assert targets.value_mask.nonzero().squeeze(1).tolist() == [2, 4, 7, 11]
 
 
-@pytest.mark.parametrize("name", ["skip_observation_gae", "token_gae", "step_gae"])
+@pytest.mark.parametrize("name", sorted(GAE_CLASSES))
 def test_bootstrap_without_truncation_flags_or_in_terminal_mode_changes_nothing(name):
-    base = compute_advantages(name, _inputs(None), AdvantageParams(lam_policy=0.5))
+    def run(inputs, mode):
+        est = GAE_CLASSES[name](lam_policy=0.5, truncation=mode)
+        return est.advantages(inputs).advantages, est.targets(inputs).returns
+
+    base_adv, base_ret = run(_inputs(None), "terminal")
     for inputs, mode in ((_inputs(None), "bootstrap"), (_inputs(), "terminal")):
-        got = compute_advantages(name, inputs, AdvantageParams(lam_policy=0.5, truncation=mode))
-        assert torch.equal(got.advantages, base.advantages) and torch.equal(got.returns, base.returns)
-    boot = compute_advantages(name, _inputs(), AdvantageParams(lam_policy=0.5, truncation="bootstrap"))
-    assert not torch.equal(boot.advantages, base.advantages)
+        adv, ret = run(inputs, mode)
+        assert torch.equal(adv, base_adv) and torch.equal(ret, base_ret)
+    boot_adv, boot_ret = run(_inputs(), "bootstrap")
+    assert not torch.equal(boot_adv, base_adv) and not torch.equal(boot_ret, base_ret)
     traj0 = slice(0, 5)  # the terminal trajectory is unaffected
-    assert torch.equal(boot.advantages[traj0], base.advantages[traj0])
+    assert torch.equal(boot_adv[traj0], base_adv[traj0])
 
 
 def test_critic_free_estimators_ignore_truncation():
     inputs = dataclasses.replace(_inputs(), values=None)
-    terminal = compute_advantages("grpo", inputs, AdvantageParams())
-    bootstrap = compute_advantages("grpo", inputs, AdvantageParams(truncation="bootstrap"))
-    assert torch.equal(terminal.advantages, bootstrap.advantages)
+    flagged = GRPO().advantages(inputs)
+    unflagged = GRPO().advantages(dataclasses.replace(inputs, truncated=None))
+    assert torch.equal(flagged.advantages, unflagged.advantages)

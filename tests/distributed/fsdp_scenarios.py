@@ -26,6 +26,7 @@ from sao.models.critic import load_critic
 from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
 from sao.models.tiny import tiny_config
+from sao.runtime.build import FACTORIES
 from sao.train.common import set_seed
 from sao.train.split import shard_indices
 from sao.train.step import Trainer
@@ -147,7 +148,7 @@ def plain_models(model_dir: Path, preset: str) -> tuple[torch.nn.Module, torch.n
 def plain_trainer(model_dir: Path, preset: str) -> Trainer:
     cfg = config(preset)
     actor, critic = plain_models(model_dir, preset)
-    return Trainer(actor, critic, cfg.algo, cfg.critic, cfg.trainer)
+    return Trainer(actor, critic, FACTORIES["trainer"](cfg))
 
 
 def cpu_state(module: torch.nn.Module | None) -> dict[str, torch.Tensor] | None:
@@ -210,7 +211,7 @@ def _rank_steps(model_dir: Path, preset: str, batches: list[Batch], ckpt: Path |
     rank = dist.get_rank()
 
     def build() -> RankTrainer:
-        t = RankTrainer(model_dir, None, cfg.algo, cfg.critic, cfg.trainer, dtype=dtype_of(preset),
+        t = RankTrainer(model_dir, None, FACTORIES["trainer"](cfg), dtype=dtype_of(preset),
                         device="cpu", head_init="normal")  # fmt: skip
         eager_experts(t.actor, t.critic)
         return t
@@ -269,7 +270,7 @@ def _rank_pretrain(model_dir: Path, corpus: list[Trajectory]) -> dict[str, torch
     from sao.train.rank import RankTrainer
 
     cfg = config("sao")
-    trainer = RankTrainer(model_dir, None, cfg.algo, cfg.critic, cfg.trainer, dtype=DTYPE, device="cpu",
+    trainer = RankTrainer(model_dir, None, FACTORIES["trainer"](cfg), dtype=DTYPE, device="cpu",
                           head_init="normal")  # fmt: skip
     eager_experts(trainer.actor, trainer.critic)
     trainer.pretrain_value(corpus, PRETRAIN)
@@ -443,7 +444,8 @@ def _read_accounting(path: Path) -> dict[str, Any]:
 
     from safetensors import safe_open
 
-    from sao.models import sharded_loading
+    from sao.models import shard_reading
+    from sao.models.sharded_loading import load_sharded_policy
 
     reads: list[int] = []
 
@@ -479,12 +481,12 @@ def _read_accounting(path: Path) -> dict[str, Any]:
         with safe_open(file, framework=framework) as handle:
             yield Handle(handle)
 
-    block = sharded_loading._BLOCK_BYTES
-    sharded_loading.safe_open, sharded_loading._BLOCK_BYTES = observed_open, READ_BLOCK_BYTES
+    block = shard_reading._BLOCK_BYTES
+    shard_reading.safe_open, shard_reading._BLOCK_BYTES = observed_open, READ_BLOCK_BYTES
     try:
-        model = sharded_loading.load_sharded_policy(path, device="cpu", master_dtype=torch.float32)
+        model = load_sharded_policy(path, device="cpu", master_dtype=torch.float32)
     finally:
-        sharded_loading.safe_open, sharded_loading._BLOCK_BYTES = safe_open, block
+        shard_reading.safe_open, shard_reading._BLOCK_BYTES = safe_open, block
     shards = sum(p.to_local().nbytes for p in model.parameters())  # float32 in memory and on disk
     totals: list[Any] = [None] * WORLD
     dist.all_gather_object(totals, sum(reads))
@@ -533,7 +535,7 @@ def _rank_pretrain_split(model_dir: Path) -> dict[str, Any]:
     from sao.train.rank import RankTrainer
 
     cfg = config("sao")
-    trainer = RankTrainer(model_dir, None, cfg.algo, cfg.critic, cfg.trainer, dtype=DTYPE, device="cpu",
+    trainer = RankTrainer(model_dir, None, FACTORIES["trainer"](cfg), dtype=DTYPE, device="cpu",
                           head_init="normal")  # fmt: skip
     eager_experts(trainer.actor, trainer.critic)
     assert trainer.critic is not None

@@ -12,6 +12,7 @@ issued (count and dtypes) per step.
 
 from __future__ import annotations
 
+import dataclasses
 import faulthandler
 import functools
 from pathlib import Path
@@ -28,6 +29,7 @@ from sao.models.loading import load_policy
 from sao.models.precision import Precision, cast_for_compute
 from sao.models.prepare import checkpointing_enabled, prepare_for_training
 from sao.runtime.args import ComputeArgs
+from sao.runtime.build import FACTORIES
 from sao.train.common import set_seed
 from sao.train.split import shard_indices
 from sao.train.step import Trainer
@@ -97,7 +99,7 @@ def reference_steps(model_dir: Path, batches: list[Batch]) -> list[dict[str, Any
     prepare_for_training(critic, COMPUTE)
     cast_for_compute(actor, PRECISION.compute)
     cast_for_compute(critic, PRECISION.compute)
-    trainer = Trainer(actor, critic, cfg.algo, cfg.critic, cfg.trainer)
+    trainer = Trainer(actor, critic, FACTORIES["trainer"](cfg))
     steps = []
     for version, batch in enumerate(batches, start=1):
         metrics = trainer.train_step(batch, policy_version=version)
@@ -136,10 +138,11 @@ def _rank_steps(model_dir: Path, batches: list[Batch], gradient_sync: str) -> di
 
     cfg = config()
     rank = dist.get_rank()
-    trainer = RankTrainer(model_dir, None, cfg.algo, cfg.critic, cfg.trainer, dtype=COMPUTE.dtype,
+    args = dataclasses.replace(FACTORIES["trainer"](cfg), gradient_sync=gradient_sync)
+    trainer = RankTrainer(model_dir, None, args, dtype=COMPUTE.dtype,
                           master_dtype=COMPUTE.master_dtype, device="cpu", head_init="normal",
                           prepare=functools.partial(prepare_for_training, compute=COMPUTE))  # fmt: skip
-    trainer.trainer.gradient_sync = gradient_sync
+    assert trainer.trainer.args.gradient_sync == gradient_sync
     assert trainer.critic is not None
     sharded = {p.dtype for p in trainer.actor.parameters()} | {p.dtype for p in trainer.critic.parameters()}
     counter = _ReduceScatters()

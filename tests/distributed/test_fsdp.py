@@ -61,7 +61,7 @@ def test_sharded_trainer_matches_one_process(preset, fsdp_runs):
         assert g["state"] == w["state"], step
     if preset == "spo":  # the tracker saw every prompt of the batch, with the gathered divergence
         trackers = got[-1]["state"]["adv_state"]["trackers"]
-        assert len(trackers) == 3 and got[-1]["metrics"]["spo/divergence_mean"] > 0
+        assert len(trackers) == 3 and got[-1]["metrics"]["adv/divergence_mean"] > 0
 
 
 def test_the_comparison_separates_a_different_batch(fsdp_runs):

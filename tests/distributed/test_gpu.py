@@ -50,8 +50,7 @@ def test_fsdp2_on_cuda_bf16_params_fp32_reduce_trains_a_32k_token_packed_batch(t
                                  "trainer.lr=1e-3", "critic.lr=1e-3"])  # fmt: skip
         t = FACTORIES["trainer"](cfg)
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        rank = RankTrainer(tiny_moe_dir, None, t.algo, t.critic, t.optim, dtype="float32", device="cuda",
-                           mp_policy=policy)  # fmt: skip
+        rank = RankTrainer(tiny_moe_dir, None, t, dtype="float32", device="cuda", mp_policy=policy)
         before = {k: v.clone() for k, v in (rank.full_actor_state() or {}).items()}
         batch = _batch(32768, vocab=250)
         assert batch.num_tokens == 32768

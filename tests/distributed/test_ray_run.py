@@ -70,7 +70,7 @@ def test_an_async_sao_run_on_ray_trains_pushes_every_version_and_survives_a_dead
         await run.start()
         watch = _Watch(run)
         run.observers.insert(1, watch)  # right after the weight push
-        temp_dir = run.ray.cluster.temp_dir
+        temp_dir = run.backend.parts.cluster.temp_dir
         killed = []
 
         async def kill_one_replica():  # while it generates, after the first push

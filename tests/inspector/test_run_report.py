@@ -19,7 +19,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sao.algos import AdvantageInputs, AdvantageParams, dis_band_state, estimate_advantages
+from sao.algos import AdvantageInputs, SkipObservationGAE, dis_band_state
 from sao.config import load_config
 from sao.inspector.store import read_step_files
 from sao.runtime.runner import train_sync_entry
@@ -59,8 +59,10 @@ def test_the_run_keeps_every_step_and_its_numbers_are_the_trainers(run_dir):
     assert [d["step"] for d in docs] == [1, 2, 3]
     meta = docs[0]["meta"]
     assert meta["advantage"] == "skip_observation_gae" and meta["policy_loss"] == "dis"
-    params = AdvantageParams(gamma=meta["gamma"], lam_policy=meta["lam_policy"],
-                             adaptive_alpha=meta["adaptive_alpha"])  # fmt: skip
+    # the estimator as the run recorded it: every field of its type, from the file's meta
+    fields = [k for k in SkipObservationGAE.model_fields if k != "type"]
+    estimator = SkipObservationGAE(**{k: meta[k] for k in fields})
+    assert estimator == load_config(ROOT / "configs" / "quickstart.yaml", RUN_OVERRIDES).algo.advantage
     records = [t for d in docs for t in d["trajectories"]]
     masked = 0
     for rec in records:
@@ -73,7 +75,7 @@ def test_the_run_keeps_every_step_and_its_numbers_are_the_trainers(run_dir):
             values=torch.tensor([0.0 if v is None else v for v in tk["value_after"]]),
             truncated=torch.tensor([rec["truncated"]]),
         )  # fmt: skip
-        adv = estimate_advantages("skip_observation_gae", inputs, params).advantages
+        adv = estimator.advantages(inputs).advantages
         assert tk["advantage"] == pytest.approx(adv.tolist(), rel=1e-4, abs=1e-5)
         zero = torch.zeros(n)
         lp = torch.tensor([0.0 if v is None else v for v in tk["logprob"]])

@@ -29,8 +29,8 @@ GIB = 1024**3
 
 _SAO = {
     "algo.preset": "sao",
-    "algo.advantage": "skip_observation_gae",
-    "algo.policy_loss": "dis",
+    "algo.advantage.type": "skip_observation_gae",
+    "algo.loss.type": "dis",
     "algo.group_size": 1,
     "algo.k_critic": 2,
     "critic.freeze": "attention",
@@ -40,42 +40,42 @@ _SAO = {
     "trainer.batch_size": 128,
 }
 _MATH = {"data.env": "math_tir", "data.max_turns": 50, "data.max_total_tokens": 131072}
-_GRPO = {"algo.advantage": "grpo", "algo.group_size": 8, "trainer.batch_size": 128, "trainer.lr": 1e-6}
+_GRPO = {"algo.advantage.type": "grpo", "algo.group_size": 8, "trainer.batch_size": 128, "trainer.lr": 1e-6}
 _STYLE = {"data.env": "style_shift", "data.max_turns": 1, "trainer.batch_size": 128, "trainer.lr": 1e-6}
 # What each file promises (the paper's values), by file stem: a new file needs an entry here.
 EXPECTED: dict[str, dict[str, Any]] = {
-    "math_tir_sao": {**_SAO, **_MATH, "algo.eps_low": 0.3, "algo.eps_high": 5.0},
+    "math_tir_sao": {**_SAO, **_MATH, "algo.loss.eps_low": 0.3, "algo.loss.eps_high": 5.0},
     "coding_agent_sao": {
         **_SAO,
         "data.env": "code_tests",
         "data.max_turns": 300,
         "data.max_total_tokens": 131072,
-        "algo.eps_low": 0.8,
-        "algo.eps_high": 3.0,
+        "algo.loss.eps_low": 0.8,
+        "algo.loss.eps_high": 3.0,
     },
     "math_tir_grpo": {
         **_GRPO,
         **_MATH,
         "algo.preset": "grpo",
-        "algo.policy_loss": "ppo_clip",
-        "algo.eps_low": 0.2,
-        "algo.eps_high": 0.28,
+        "algo.loss.type": "ppo_clip",
+        "algo.loss.eps_low": 0.2,
+        "algo.loss.eps_high": 0.28,
     },
     "math_tir_grpo_dis": {
         **_GRPO,
         **_MATH,
         "algo.preset": "grpo_dis",
-        "algo.policy_loss": "dis",
-        "algo.eps_low": 0.3,
-        "algo.eps_high": 5.0,
+        "algo.loss.type": "dis",
+        "algo.loss.eps_low": 0.3,
+        "algo.loss.eps_high": 5.0,
     },
     "style_shift_sao": {**_SAO, **_STYLE},
     "style_shift_running_mean_128": {
         **_STYLE,
         "algo.preset": "running_mean_128",
-        "algo.advantage": "running_mean",
-        "algo.running_mean_window": 128,
-        "algo.running_mean_scope": "global",
+        "algo.advantage.type": "running_mean",
+        "algo.advantage.window": 128,
+        "algo.advantage.scope": "global",
         "algo.group_size": 1,
     },
 }

@@ -4,6 +4,7 @@ factory's component receives) or refused at load with an error naming the key.""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import typing
 from typing import Any, Literal
 
@@ -34,12 +35,12 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
         {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4096},
     ),
     "critic.freeze": ([], "none"),
-    "algo.lam_policy": ([], 0.5),
     "data.env_kwargs": ([], {"turns": 2}),
     "data.eval_file": ([], "held_out.jsonl"),
     "runtime.max_staleness": (["runtime.mode=async"], 3),
-    "algo.advantage": ([], "running_mean"),  # critic -> critic-free: the critic factory must notice
-    "algo.spo_rho_max": ([], 0.99),
+    # the typed estimator and loss (their own fields: tests/algos/test_algo_knobs.py)
+    "algo.advantage": ([], {"type": "spo"}),  # critic -> critic-free, with prompt priorities
+    "algo.loss": ([], {"type": "ppo_clip"}),
     "critic.pretrain.enabled": ([], False),  # null follows the preset, which pretrains
     "runtime.backend": ([], "ray"),
     "runtime.weight_sync": (["runtime.backend=ray"], "object_store"),
@@ -97,13 +98,7 @@ LEAVES = _leaves(RunConfig)
 
 
 def _readers(key: str) -> list[str]:
-    found = []
-    for name, factory in FACTORIES.items():
-        for pattern in factory.reads:
-            if pattern == key or (pattern.endswith(".*") and key.startswith(pattern[:-1])):
-                found.append(name)
-                break
-    return found
+    return [name for name, factory in FACTORIES.items() if key in factory.reads]
 
 
 def _get(data: dict, key: str) -> Any:
@@ -157,31 +152,77 @@ def test_every_leaf_is_read_by_a_factory_or_at_load():
 
 def test_the_table_names_only_real_keys():
     for name, factory in FACTORIES.items():
-        for pattern in factory.reads:
-            if pattern.endswith(".*"):
-                assert any(k.startswith(pattern[:-1]) for k in LEAVES), (name, pattern)
-            else:
-                assert pattern in LEAVES, (name, pattern)
+        for key in factory.reads:  # exact leaves: no wildcard, no section handed over as a whole
+            assert key in LEAVES, (name, key)
         for section in factory.sections:  # a component is handed sections, never the whole config
             assert section and (section in LEAVES or any(k.startswith(section + ".") for k in LEAVES))
 
 
-@pytest.mark.parametrize(
-    "key", sorted(k for k in LEAVES if k not in {*READ_AT_LOAD, *NO_ACCEPTED_ALTERNATIVE})
-)
-def test_changing_a_key_changes_what_each_reader_receives(key):
+def _changed(key: str) -> tuple[RunConfig, RunConfig]:
+    """The base config for ``key`` and the same config with ``key`` changed."""
     extra, _ = SPECIAL.get(key, ([], None))
     base_cfg = load_config(None, [*BASE, *extra])
     data = copy.deepcopy(base_cfg.to_yaml_dict())
     _set(data, key, _other_value(key, _get(data, key)))
-    changed = RunConfig.model_validate(data)
+    return base_cfg, RunConfig.model_validate(data)
+
+
+CHANGEABLE = sorted(k for k in LEAVES if k not in {*READ_AT_LOAD, *NO_ACCEPTED_ALTERNATIVE})
+
+
+@pytest.mark.parametrize("key", CHANGEABLE)
+def test_changing_a_key_changes_what_each_reader_receives(key):
+    base_cfg, changed = _changed(key)
     for name in _readers(key):
         assert FACTORIES[name](base_cfg) != FACTORIES[name](changed), f"{name} ignores {key}"
 
 
+# Factories whose arguments legitimately follow a key they do not read: the key changes which other values
+# are valid or resolved (base config differs), e.g. `runtime.backend=ray` moves `runtime.weight_sync`'s auto.
+DERIVED: dict[str, set[str]] = {}
+
+
+@pytest.mark.parametrize("key", CHANGEABLE)
+def test_a_factory_receives_only_the_keys_it_declares(key):
+    """The other half of "every key, exactly": a factory that does not list ``key`` gets equal arguments
+    when ``key`` changes (an undeclared read would make the table lie)."""
+    base_cfg, changed = _changed(key)
+    for name, factory in FACTORIES.items():
+        if name in _readers(key) or name in DERIVED.get(key, set()):
+            continue
+        assert factory(base_cfg) == factory(changed), f"{name} reads {key} without declaring it"
+
+
+def _sections_in(value: Any, path: str) -> list[str]:
+    """Paths inside a factory's arguments that hold a whole config section."""
+    from sao.config.section import Section
+
+    if isinstance(value, Section):
+        return [path]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [
+            p
+            for f in dataclasses.fields(value)
+            for p in _sections_in(getattr(value, f.name), f"{path}.{f.name}")
+        ]
+    if isinstance(value, (list, tuple)):
+        return [p for i, v in enumerate(value) for p in _sections_in(v, f"{path}[{i}]")]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _sections_in(v, f"{path}[{k!r}]")]
+    return []
+
+
+def test_no_factory_hands_over_a_whole_section():
+    """Arguments are plain values (and the typed estimator and loss, which are components): a section in
+    them would let a key pass the consumption test without anything reading it."""
+    cfg = load_config(None, BASE)
+    found = [p for name, factory in FACTORIES.items() for p in _sections_in(factory(cfg), name)]
+    assert not found, f"whole config sections handed to components: {found}"
+
+
 def test_the_preset_key_selects_the_preset_at_load():
-    assert load_config(None, [*BASE, "algo=grpo"]).algo.advantage == "grpo"
-    assert load_config(None, [*BASE, "algo.preset=spo"]).algo.advantage == "spo"
+    assert load_config(None, [*BASE, "algo=grpo"]).algo.advantage.type == "grpo"
+    assert load_config(None, [*BASE, "algo.preset=spo"]).algo.advantage.type == "spo"
 
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k, vs in REFUSED_AT_LOAD.items() for v in vs])
@@ -201,3 +242,16 @@ def test_a_key_added_to_the_schema_and_read_nowhere_fails_the_rule():
         "RunWithKnob", __base__=RunConfig, runtime=(runtime, Field(default_factory=runtime))
     )
     assert _unread(_leaves(extended)) == ["runtime.new_knob"]
+
+
+def test_a_malformed_task_file_is_a_config_error_naming_the_key_file_and_line(tmp_path):
+    from sao.runtime.build import build_tasks, task_args
+
+    bad = tmp_path / "tasks.jsonl"
+    bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2" "answer": "4"}\n')
+    cfg = load_config(None, [*BASE, f"data.train_file={bad}"])
+    with pytest.raises(ConfigError, match=r"data\.train_file: .*tasks\.jsonl:2: invalid JSON"):
+        build_tasks(task_args(cfg.data))
+    bad.write_text("\n\n")
+    with pytest.raises(ConfigError, match=r"data\.train_file: .*tasks\.jsonl has no tasks"):
+        build_tasks(task_args(cfg.data))

@@ -142,10 +142,11 @@ def test_groups_from_the_gateway_train_whole_beside_the_built_in_producer(tmp_pa
 def test_gateway_runs_refuse_knobs_they_would_ignore_and_a_busy_port():
     for extra, key in [
         (["runtime.max_in_flight=8"], "runtime.max_in_flight"),
-        (["algo=spo"], "algo.spo_prioritized_sampling"),
+        (["algo=spo"], r"algo\.advantage\.prioritized_sampling"),
     ]:
         with pytest.raises(ConfigError, match=key):
             load_config(None, [*BASE, *extra])
+    load_config(None, [*BASE, "algo=spo", "algo.advantage.prioritized_sampling=false"])  # what it asks for
     with pytest.raises(ConfigError, match=r"gateway\.port applies to data\.source"):
         load_config(None, ["model.tiny_arch=qwen3_moe", "gateway.port=9000"])
 

@@ -36,7 +36,7 @@ def test_arm_overrides_beat_the_spec_and_the_preset(tmp_path):
     spec = _spec(tmp_path, overrides=[*BASE, "trainer.lr=0.5"], arms=[arm])
     (run, _) = plan_runs(spec)
     assert run.config.trainer.lr == 0.25 and run.config.algo.k_critic == 5
-    assert run.config.algo.advantage == "skip_observation_gae"  # the rest of the preset stays
+    assert run.config.algo.advantage.type == "skip_observation_gae"  # the rest of the preset stays
 
 
 def test_an_algo_key_of_the_spec_applies_to_every_arm_whatever_its_preset(tmp_path):
@@ -44,7 +44,7 @@ def test_an_algo_key_of_the_spec_applies_to_every_arm_whatever_its_preset(tmp_pa
     arms = [{"name": "grpo", "preset": "grpo"}, {"name": "dis", "preset": "grpo_dis"}]
     runs = plan_runs(_spec(tmp_path, overrides=[*BASE, "algo.group_size=4"], arms=arms, seeds=[0]))
     assert [r.config.algo.group_size for r in runs] == [4, 4]
-    assert [r.config.algo.policy_loss for r in runs] == ["ppo_clip", "dis"]
+    assert [r.config.algo.loss.type for r in runs] == ["ppo_clip", "dis"]
 
 
 def test_equal_configs_share_a_run_dir_whatever_the_arm_is_called(tmp_path):

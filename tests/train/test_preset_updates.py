@@ -3,8 +3,8 @@
 ``tests/data/preset_updates.json`` was written (``SAO_RECORD_UPDATES=1``) before the algorithm configs became
 typed classes, and the test holds every later version of the code to it: same preset, same batch, bitwise the
 same actor and critic weights and the same loss metrics. On a machine whose CPU kernels differ from the
-recording one (another ``torch.backends.cpu.get_cpu_capability()`` or torch version) float rounding may differ,
-so there the weights are compared by their float sums to 1e-5 instead of by their bytes.
+recording one (another ``torch.backends.cpu.get_cpu_capability()`` or torch version) float rounding may
+differ, so there the weights are compared by their float sums to 1e-5 instead of by their bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from sao.presets import PRESETS
-from sao.runtime.build import build_trainer
+from sao.runtime.build import FACTORIES, build_trainer
 
 from .test_step import _config, _models, _on_policy_batch, _trajectories
 
@@ -27,8 +27,11 @@ METRICS = ("actor/loss", "actor/grad_norm", "adv/mean", "adv/std", "critic/loss"
 # Variants beyond the presets: non-default knobs of the loss and the estimator.
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     **{name: (name, []) for name in PRESETS},
-    "sao+bootstrap+seq_sum": ("sao", ["algo.truncation=bootstrap", "algo.loss_agg=seq-mean-token-sum"]),
-    "grpo+no_std": ("grpo", ["algo.normalize_std=false"]),
+    "sao+bootstrap+seq_sum": (
+        "sao",
+        ["algo.advantage.truncation=bootstrap", "algo.loss.agg=seq-mean-token-sum"],
+    ),
+    "grpo+no_std": ("grpo", ["algo.advantage.normalize_std=false"]),
 }
 
 
@@ -52,7 +55,7 @@ def _update(tiny_moe_dir: Path, variant: str) -> dict[str, object]:
         cfg = _config(preset, *extra)
         torch.manual_seed(0)
         actor, critic = _models(tiny_moe_dir, cfg)
-        trainer = build_trainer(cfg, actor, critic)
+        trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
         steps = []
         for step in range(2):
             batch = _on_policy_batch(actor, _trajectories(seed=step), shift=0.3)

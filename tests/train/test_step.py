@@ -14,7 +14,7 @@ from sao.models.critic import load_critic
 from sao.models.forward import token_logprobs
 from sao.models.loading import load_policy
 from sao.presets import PRESETS
-from sao.runtime.build import build_trainer
+from sao.runtime.build import FACTORIES, build_trainer
 from sao.train.step_schedule import actor_lr_factor, critic_lr_factor
 from sao.types import Batch, Trajectory
 
@@ -93,7 +93,7 @@ def test_every_preset_runs_two_steps_with_finite_metrics(preset, tiny_moe_dir):
     torch.manual_seed(0)
     cfg = _config(preset)
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     trajs = _trajectories()
     for step in range(2):
         metrics = trainer.train_step(_on_policy_batch(actor, trajs), policy_version=step + 1)
@@ -105,7 +105,7 @@ def test_every_preset_runs_two_steps_with_finite_metrics(preset, tiny_moe_dir):
     assert metrics["batch/response_tokens_mean"] == 14.0
     assert metrics["lag/token_max"] == 2.0 and metrics["lag/token_mean"] == 1.5
     assert "actor/entropy" in metrics and metrics["actor/entropy"] > 0
-    family = "dis" if cfg.algo.policy_loss == "dis" else "ppo"
+    family = "dis" if cfg.algo.loss.type == "dis" else "ppo"
     assert any(k.startswith(f"{family}/") for k in metrics)
     assert ("critic/grad_norm" in metrics) == cfg.algo.uses_critic
 
@@ -114,7 +114,7 @@ def test_k_critic_steps_run_k_optimizer_steps(tiny_moe_dir):
     cfg = _config("sao")
     assert cfg.algo.k_critic == 2
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     calls = {"critic": 0, "actor": 0}
     trainer.critic_optim.register_step_post_hook(lambda *_: calls.__setitem__("critic", calls["critic"] + 1))
     trainer.actor_optim.register_step_post_hook(lambda *_: calls.__setitem__("actor", calls["actor"] + 1))
@@ -127,7 +127,9 @@ def test_frozen_attention_critic_trains_only_mlp_and_head(tiny_moe_dir):
     cfg = _config("sao")
     actor, critic = _models(tiny_moe_dir, cfg)
     before = {n: p.detach().clone() for n, p in critic.named_parameters()}
-    build_trainer(cfg, actor, critic).train_step(_on_policy_batch(actor, _trajectories()), policy_version=1)
+    build_trainer(FACTORIES["trainer"](cfg), actor, critic).train_step(
+        _on_policy_batch(actor, _trajectories()), policy_version=1
+    )
     after = dict(critic.named_parameters())
     attention = [n for n in before if ".self_attn." in n]
     trained = [n for n in before if ".mlp." in n or n.startswith("model.score")]
@@ -140,7 +142,7 @@ def test_frozen_attention_critic_trains_only_mlp_and_head(tiny_moe_dir):
 def test_critic_warmup_steps_leave_the_actor_unchanged(tiny_moe_dir):
     cfg = _config("sao_k1", "critic.warmup_steps=1", "critic.value_clip=0.2")
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     before = copy.deepcopy(actor.state_dict())
     batch = _on_policy_batch(actor, _trajectories())
     metrics = trainer.train_step(batch, policy_version=1)
@@ -156,11 +158,13 @@ def test_dis_masked_fraction_is_zero_on_policy_and_positive_off_band(tiny_moe_di
     cfg = _config("grpo_dis")
     actor, _ = _models(tiny_moe_dir, cfg)
     trajs = _trajectories()
-    on = build_trainer(cfg, actor, None).train_step(_on_policy_batch(actor, trajs), policy_version=1)
+    on = build_trainer(FACTORIES["trainer"](cfg), actor, None).train_step(
+        _on_policy_batch(actor, trajs), policy_version=1
+    )
     assert on["dis/masked_frac"] == 0.0
     actor2, _ = _models(tiny_moe_dir, cfg)
     # rollout log-prob 2 nats above the actor's: ratio e^-2 ≈ 0.14 < 0.7, below the band
-    off = build_trainer(cfg, actor2, None).train_step(
+    off = build_trainer(FACTORIES["trainer"](cfg), actor2, None).train_step(
         _on_policy_batch(actor2, trajs, shift=2.0), policy_version=1
     )
     assert off["dis/masked_frac"] > 0.0 and off["dis/masked_frac_below"] > 0.0
@@ -169,9 +173,9 @@ def test_dis_masked_fraction_is_zero_on_policy_and_positive_off_band(tiny_moe_di
 def test_spo_divergence_updates_the_tracker_once_per_prompt_sample(tiny_moe_dir):
     cfg = _config("spo")
     actor, _ = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, None)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, None)
     metrics = trainer.train_step(_on_policy_batch(actor, _trajectories(), shift=-0.1), policy_version=1)
-    assert metrics["spo/divergence_mean"] == pytest.approx(0.1, abs=1e-4)
+    assert metrics["adv/divergence_mean"] == pytest.approx(0.1, abs=1e-4)
     # prior Beta(0.5, 0.5); prompt p0 saw rewards 1 then 0 with rho = clamp(2^(-0.1/0.06), ...) = 0.875
     a, b = trainer.adv_state._ab["p0"]
     rho = 0.875
@@ -183,7 +187,7 @@ def test_spo_divergence_updates_the_tracker_once_per_prompt_sample(tiny_moe_dir)
 def test_state_dict_round_trip_gives_identical_next_step(preset, tiny_moe_dir):
     cfg = _config(preset, "trainer.lr_schedule=cosine", "trainer.warmup_steps=1", "trainer.total_steps=4")
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     trajs = _trajectories()
     trainer.train_step(_on_policy_batch(actor, trajs), policy_version=1)
     saved = copy.deepcopy(trainer.state_dict())
@@ -195,7 +199,7 @@ def test_state_dict_round_trip_gives_identical_next_step(preset, tiny_moe_dir):
     actor2.load_state_dict(weights[0])
     if critic2 is not None:
         critic2.load_state_dict(weights[1])
-    restored = build_trainer(cfg, actor2, critic2)
+    restored = build_trainer(FACTORIES["trainer"](cfg), actor2, critic2)
     restored.load_state_dict(saved)
     got = restored.train_step(batch2, policy_version=2)
     assert got.keys() == expected.keys()
@@ -209,10 +213,10 @@ def test_state_dict_round_trip_gives_identical_next_step(preset, tiny_moe_dir):
 def test_micro_batches_are_normalised_by_the_whole_batch(agg, tiny_moe_dir):
     results = []
     for tokens in (40, 1000):  # two micro-batches vs one
-        cfg = _config("vapo", f"trainer.micro_batch_tokens={tokens}", f"algo.loss_agg={agg}")
+        cfg = _config("vapo", f"trainer.micro_batch_tokens={tokens}", f"algo.loss.agg={agg}")
         actor, critic = _models(tiny_moe_dir, cfg)
         results.append(
-            build_trainer(cfg, actor, critic).train_step(
+            build_trainer(FACTORIES["trainer"](cfg), actor, critic).train_step(
                 _on_policy_batch(actor, _trajectories()), policy_version=1
             )
         )
@@ -238,7 +242,7 @@ def test_one_micro_batch_takes_the_targets_from_the_first_critic_step_forward(ti
         actor, critic = _models(tiny_moe_dir, cfg)
         calls: list[bool] = []
         critic.register_forward_hook(lambda *_, calls=calls: calls.append(torch.is_grad_enabled()))
-        metrics = build_trainer(cfg, actor, critic).train_step(
+        metrics = build_trainer(FACTORIES["trainer"](cfg), actor, critic).train_step(
             _on_policy_batch(actor, _trajectories()), policy_version=1
         )
         runs.append((metrics, calls, [p.detach().clone() for p in critic.parameters()]))
@@ -256,7 +260,7 @@ def test_trainer_needs_a_critic_for_gae_presets(tiny_moe_dir):
     cfg = _config("sao")
     actor, _ = _models(tiny_moe_dir, cfg)
     with pytest.raises(ValueError, match="needs a critic"):
-        build_trainer(cfg, actor, None)
+        build_trainer(FACTORIES["trainer"](cfg), actor, None)
 
 
 def test_lr_schedules_warm_up_then_decay():

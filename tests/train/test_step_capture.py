@@ -1,7 +1,7 @@
 """`Trainer.train_step(capture=True)`: the kept per-token numbers are the trainer's own, for every preset.
 
 Each test recomputes what the inspector keeps from the stored inputs with the public algorithm functions
-(`estimate_advantages`, `dis_band_state`, `ppo_clip_state`) and compares."""
+(the config's estimator's `advantages`, `dis_band_state`, `ppo_clip_state`) and compares."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from sao.algos import AdvantageInputs, AdvantageParams, dis_band_state, estimate_advantages, ppo_clip_state
+from sao.algos import AdvantageInputs, dis_band_state, ppo_clip_state
 from sao.inspector.html import render_html
 from sao.inspector.records import train_records
 from sao.presets import PRESETS
-from sao.runtime.build import build_trainer
+from sao.runtime.build import FACTORIES, build_trainer
 from sao.types import Batch, Trajectory
 
 from .test_step import _config, _models, _on_policy_batch, _trajectories
@@ -26,7 +26,7 @@ def _step(preset: str, tiny_moe_dir, off_band: bool = False, capture: bool = Tru
     torch.manual_seed(0)
     cfg = _config(preset)
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     batch = _on_policy_batch(actor, _trajectories())
     rollout = batch.rollout_logprobs.clone()
     if off_band:
@@ -65,7 +65,7 @@ def _one_preset_per_estimator_and_loss() -> list[str]:
     seen: dict[tuple[str, str], str] = {}
     for name in sorted(PRESETS):
         algo = load_config(overrides=[f"algo={name}", "model.tiny_arch=qwen3_moe"]).algo
-        seen.setdefault((algo.advantage, algo.policy_loss), name)
+        seen.setdefault((algo.advantage.type, algo.loss.type), name)
     return sorted(seen.values())
 
 
@@ -84,27 +84,25 @@ def test_every_preset_keeps_the_numbers_it_trained_with(preset, tiny_moe_dir, ti
         assert rec["lag_max"] == 3 - min(v for v, a in zip(tk["version"], action, strict=True) if a)
         # the loss's mask, from the stored log-probs (DIS: to the rollout's; PPO-clip: to pi_old)
         lp = torch.tensor([x if x is not None else 0.0 for x in tk["logprob"]])
-        if algo.policy_loss == "dis":
+        if algo.loss.type == "dis":
             ref = torch.tensor([x if x is not None else 0.0 for x in tk["rollout_logprob"]])
-            state = dis_band_state(lp, ref, algo.eps_low, algo.eps_high)
+            state = dis_band_state(lp, ref, algo.loss.eps_low, algo.loss.eps_high)
         else:
             ref = lp - torch.log(torch.tensor([r if r is not None else 1.0 for r in tk["ratio"]]))
             adv = torch.tensor(tk["advantage"])
-            state = ppo_clip_state(lp, ref, adv, algo.eps_low, algo.eps_high)
+            state = ppo_clip_state(lp, ref, adv, algo.loss.eps_low, algo.loss.eps_high)
         kept_state = [s for s in tk["state"] if s is not None]
         assert kept_state == [int(s) for s, a in zip(state, action, strict=True) if a]
         assert rec["masked_frac"] == pytest.approx(sum(s != 0 for s in kept_state) / len(kept_state))
         # the advantages, from the stored rewards and values (state-free estimators: one trajectory alone)
-        if algo.advantage in ("skip_observation_gae", "token_gae", "step_gae"):
-            result = estimate_advantages(
-                algo.advantage, _record_inputs(rec, cfg), AdvantageParams.from_config(algo)
-            )
+        if algo.advantage.type in ("skip_observation_gae", "token_gae", "step_gae"):
+            result = algo.advantage.build().advantages(_record_inputs(rec, cfg))
             assert tk["advantage"] == pytest.approx(result.advantages.tolist(), rel=1e-4, abs=1e-5)
             assert "value_before" in tk and "return" in tk and "value_mask" in tk
         else:
             assert "value_after" not in tk  # critic-free: no values kept
     # the batch's DIS masked fraction is the kept states' (every trajectory was kept)
-    if algo.policy_loss == "dis":
+    if algo.loss.type == "dis":
         assert 0.3 < metrics["dis/masked_frac"] < 0.7  # the off-band half
         n_masked = sum(s != 0 for r in records for s in r["tokens"]["state"] if s is not None)
         n_action = sum(r["action_tokens"] for r in records)
@@ -151,7 +149,7 @@ def test_a_critic_warm_up_step_keeps_values_but_no_actor_numbers(tiny_moe_dir, t
     torch.manual_seed(0)
     cfg = _config("sao", "critic.warmup_steps=1")
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     trajs = _trajectories()
     batch = _on_policy_batch(actor, trajs)
     trainer.train_step(batch, policy_version=0, capture=True)

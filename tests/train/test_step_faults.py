@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from sao.runtime.build import build_trainer
+from sao.runtime.build import FACTORIES, build_trainer
 from sao.train.step import TrainingDiverged, finite_update
 from sao.types import Trajectory
 
@@ -63,7 +63,7 @@ def test_an_inf_grad_norm_skips_the_actor_step_and_leaves_weights_moments_and_ba
 ):
     cfg = _config("running_mean_8", "trainer.lr_schedule=linear", "trainer.total_steps=10")
     actor, _ = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, None)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, None)
     trainer.train_step(_batch(actor), policy_version=1)  # a normal step: Adam moments and history exist
     before = _snapshot(trainer)
     lr_before = trainer.actor_optim.param_groups[0]["lr"]
@@ -88,7 +88,7 @@ def test_an_inf_grad_norm_skips_the_actor_step_and_leaves_weights_moments_and_ba
 def test_a_non_finite_critic_loss_skips_each_critic_step_and_the_actor_step(tiny_moe_dir):
     cfg = _config("sao")  # K = 2 critic steps
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, critic)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, critic)
     trainer.train_step(_batch(actor), policy_version=1)
     before = _snapshot(trainer)
 
@@ -106,7 +106,7 @@ def test_more_than_max_consecutive_skips_raise_training_diverged_and_the_counts_
 ):
     cfg = _config("running_mean_8", "trainer.max_consecutive_skips=2")
     actor, _ = _models(tiny_moe_dir, cfg)
-    trainer = build_trainer(cfg, actor, None)
+    trainer = build_trainer(FACTORIES["trainer"](cfg), actor, None)
     bad = _batch(actor, HUGE)
     for _ in range(2):
         trainer.train_step(bad, policy_version=0)
@@ -124,7 +124,7 @@ def test_more_than_max_consecutive_skips_raise_training_diverged_and_the_counts_
     saved = copy.deepcopy(trainer.state_dict())
     actor2, _ = _models(tiny_moe_dir, cfg)
     actor2.load_state_dict(actor.state_dict())
-    resumed = build_trainer(cfg, actor2, None)
+    resumed = build_trainer(FACTORIES["trainer"](cfg), actor2, None)
     resumed.load_state_dict(saved)
     assert (resumed.step, resumed.skipped_steps, resumed.consecutive_skips) == (6, 5, 3)
     with pytest.raises(TrainingDiverged, match="3 consecutive"):  # a resumed run stops alike

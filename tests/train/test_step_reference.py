@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sao.models.forward import stochastic_forward
-from sao.runtime.build import build_trainer
+from sao.runtime.build import FACTORIES, build_trainer
 from sao.train.step import Trainer
 
 from .test_step import _config, _models, _on_policy_batch, _trajectories
@@ -21,7 +21,7 @@ def _run(tiny_moe_dir, preset: str, old_logprobs: str, steps: int = 2):
     cfg = _config(preset)
     torch.manual_seed(0)
     actor, critic = _models(tiny_moe_dir, cfg)
-    trainer = Trainer(actor, critic, cfg.algo, cfg.critic, cfg.trainer, old_logprobs=old_logprobs)
+    trainer = Trainer(actor, critic, FACTORIES["trainer"](cfg), old_logprobs=old_logprobs)
     metrics = []
     for step in range(steps):
         batch = _on_policy_batch(actor, _trajectories(seed=step), shift=0.3)
@@ -55,7 +55,7 @@ def test_a_stochastic_forward_keeps_the_old_logprob_forward(tiny_moe_dir):
     assert not stochastic_forward(actor.eval())  # from_pretrained's mode: no dropout
     actor.train()
     assert stochastic_forward(actor)
-    assert build_trainer(cfg, actor, critic).old_logprob_forward
+    assert build_trainer(FACTORIES["trainer"](cfg), actor, critic).old_logprob_forward
     actor.config.attention_dropout = 0.0
     actor.add_module("drop", torch.nn.Dropout(0.2))
     assert stochastic_forward(actor)

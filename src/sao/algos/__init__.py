@@ -1,79 +1,43 @@
-"""The SAO algorithm library: pure tensor functions on the packed layout, registered by name.
+"""The SAO algorithm library: typed algorithm configs that own their code, over pure tensor functions.
 
-Advantage estimators (``gae``, ``group``, ``baselines``), policy losses (``losses``), the value loss and
-explained variance (``value``), masked reductions (``aggregate``), the registries (``registry``) and the
-built-in entries in them (``estimators``).
-Nothing here touches models, engines or I/O.
+An estimator or a loss is a pydantic class (`base`: `AdvantageEstimator`, `PolicyLoss`); the built-in ones
+are in ``estimators`` and ``loss_types``, a user's own is loaded by ``custom``. The tensor math on the packed
+layout: GAE (``gae``, ``scan``, ``kernels``), group and stateful baselines (``group``, ``baselines``), the
+policy losses (``losses``), the value loss and explained variance (``value``), masked reductions
+(``reductions``), engine/trainer mismatch (``mismatch``). Nothing here touches models, engines or I/O.
+
+Names are imported on first use (PEP 562), so the config, which imports the classes, loads without torch.
 """
 
-from . import estimators  # noqa: F401  (registers the built-in estimators and losses)
-from .aggregate import AGG_MODES, aggregate, masked_mean, masked_var, masked_whiten
-from .baselines import RunningMeanBaseline, SPOTracker
-from .gae import length_adaptive_lambda, response_mask, skip_observation_gae, step_gae, step_spans, token_gae
-from .group import broadcast_to_tokens, grpo_advantages
-from .losses import dis_band_state, dis_loss, positive_nll_loss, ppo_clip_loss, ppo_clip_state
-from .registry import (
-    ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
-    AdvantageEstimator,
-    AdvantageInputs,
-    AdvantageParams,
-    AdvantageResult,
-    CriticTargets,
-    compute_advantages,
-    critic_targets,
-    estimate_advantages,
-    get_advantage_estimator,
-    get_policy_loss,
-    make_advantage_state,
-    prompt_sampling_weights,
-    register_advantage_estimator,
-    register_policy_loss,
-    update_advantage_state,
-)
-from .scan import discounted_cumsum, reverse_discounted_cumsum
-from .value import explained_variance, value_loss
+from __future__ import annotations
 
-__all__ = [
-    "ADVANTAGE_ESTIMATORS",
-    "AGG_MODES",
-    "POLICY_LOSSES",
-    "AdvantageEstimator",
-    "AdvantageInputs",
-    "AdvantageParams",
-    "AdvantageResult",
-    "CriticTargets",
-    "RunningMeanBaseline",
-    "SPOTracker",
-    "aggregate",
-    "broadcast_to_tokens",
-    "compute_advantages",
-    "critic_targets",
-    "dis_band_state",
-    "dis_loss",
-    "discounted_cumsum",
-    "estimate_advantages",
-    "explained_variance",
-    "get_advantage_estimator",
-    "get_policy_loss",
-    "grpo_advantages",
-    "length_adaptive_lambda",
-    "make_advantage_state",
-    "masked_mean",
-    "masked_var",
-    "masked_whiten",
-    "positive_nll_loss",
-    "ppo_clip_loss",
-    "ppo_clip_state",
-    "prompt_sampling_weights",
-    "register_advantage_estimator",
-    "register_policy_loss",
-    "response_mask",
-    "reverse_discounted_cumsum",
-    "skip_observation_gae",
-    "step_gae",
-    "step_spans",
-    "token_gae",
-    "update_advantage_state",
-    "value_loss",
-]
+import importlib
+from typing import Any
+
+_MODULES: dict[str, tuple[str, ...]] = {
+    "reductions": ("AGG_MODES", "aggregate", "masked_mean", "masked_var"),
+    "base": ("AdvantageEstimator", "AdvantageInputs", "AdvantageResult", "AlgoPart", "CriticTargets",
+             "LossAgg", "LossInputs", "LossOutput", "PolicyLoss"),
+    "baselines": ("RunningMeanBaseline", "SPOTracker"),
+    "custom": ("CustomEstimator", "CustomLoss"),
+    "estimators": ("GRPO", "SPO", "RunningMean", "SkipObservationGAE", "StepGAE", "TokenGAE"),
+    "gae": ("length_adaptive_lambda", "response_mask", "skip_observation_gae", "step_gae", "step_spans",
+            "token_gae"),
+    "group": ("broadcast_to_tokens", "grpo_advantages"),
+    "loss_types": ("DIS", "PPOClip"),
+    "losses": ("dis_band_state", "dis_loss", "positive_nll_loss", "ppo_clip_loss", "ppo_clip_state"),
+    "scan": ("discounted_cumsum",),
+    "value": ("explained_variance", "value_loss"),
+}  # fmt: skip
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sao.algos' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"sao.algos.{module}"), name)
+    globals()[name] = value
+    return value

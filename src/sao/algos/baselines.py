@@ -5,8 +5,8 @@ They keep history across training steps, so they are small objects with ``state_
 Convention for both: advantages of a batch use the state *before* the batch, then the batch updates it.
 The two halves are separate methods: ``estimate`` is pure (reads the state, never changes it) and
 ``update`` records a batch; ``advantages`` is the one-call convenience ``estimate`` then ``update``.
-The registry's ``estimate_advantages`` / ``update_advantage_state`` call the halves, so a trainer can
-compute advantages and record the batch only once it has actually been trained on.
+The estimators of `sao.algos.estimators` call the halves (``estimate``, then ``update_state``), so a trainer
+can compute advantages and record the batch only once it has actually been trained on.
 """
 
 from __future__ import annotations
@@ -97,9 +97,7 @@ class SPOTracker:
     policy divergence on that prompt's sample (the paper: mean |log π_old − log π|; the trainer's reading
     is in docs/training.md, "The trainer step"). Rewards must lie in [0, 1].
 
-    Unseen prompts start from ``Beta(prior_alpha, prior_beta)``. :meth:`initialize` sets a prompt from an
-    offline estimate of the initial policy's success rate with ``n_eff`` pseudo-counts (default
-    ``1/(1 − ρ_max)``, the tracker's effective memory).
+    Unseen prompts start from ``Beta(prior_alpha, prior_beta)``.
     """
 
     def __init__(
@@ -125,15 +123,6 @@ class SPOTracker:
 
     def _get(self, pid: Hashable) -> tuple[float, float]:
         return self._ab.get(pid, self.prior)
-
-    def initialize(
-        self, prompt_ids: Sequence[Hashable], success_rates: Sequence[float], n_eff: float | None = None
-    ) -> None:
-        """Offline initialisation: ``α = n_eff·p₀``, ``β = n_eff·(1 − p₀)`` per prompt."""
-        n = 1.0 / (1.0 - self.rho_max) if n_eff is None else n_eff
-        for pid, p in zip(prompt_ids, success_rates, strict=True):
-            p = min(max(float(p), self.eps), 1.0 - self.eps)
-            self._ab[pid] = (n * p, n * (1.0 - p))
 
     def p_hat(self, prompt_ids: Sequence[Hashable]) -> Tensor:
         """``(B,)`` float32 current success estimates."""

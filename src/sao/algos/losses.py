@@ -11,6 +11,9 @@ Per-token states (what the loss did with each token; the trajectory inspector sh
 :func:`dis_band_state` (−1 below the band, 0 inside, +1 above) and :func:`ppo_clip_state` (−1 clipped low,
 0 unclipped, +1 clipped high). The losses use them, so a state is exactly the mask the loss applied.
 
+The config classes `sao.algos.loss_types.DIS` and `PPOClip` (``algo.loss.type`` ``dis`` / ``ppo_clip``) call
+them.
+
 Losses are to be minimised. Metrics are detached 0-d tensors (no host sync inside the loss).
 """
 
@@ -21,9 +24,15 @@ import math
 import torch
 from torch import Tensor
 
-from .aggregate import LossAgg, aggregate, masked_mean
+from .reductions import LossAgg, aggregate, masked_mean
 
-__all__ = ["dis_band_state", "dis_loss", "positive_nll_loss", "ppo_clip_loss", "ppo_clip_state"]
+__all__ = [
+    "dis_band_state",
+    "dis_loss",
+    "positive_nll_loss",
+    "ppo_clip_loss",
+    "ppo_clip_state",
+]
 
 # exp() of a log-ratio beyond this overflows float32; such tokens are far outside any band anyway.
 _MAX_LOG_RATIO = 20.0
@@ -85,7 +94,7 @@ def dis_loss(
         advantages: ``(T,)`` Â (treated as constants).
         action_mask: ``(T,)`` 1 on action tokens.
         eps_low, eps_high: band (1−ε_low, 1+ε_high); math TIR 0.3/5.0, coding 0.8/3.0.
-        agg, cu_seqlens, denominator: see :func:`sao.algos.aggregate`.
+        agg, cu_seqlens, denominator: see :func:`sao.algos.reductions`.
 
     Returns:
         ``(loss, metrics)`` with ``dis/masked_frac`` (+ ``_below``/``_above``), ``dis/logprob_abs_diff``

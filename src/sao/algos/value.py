@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .aggregate import LossAgg, aggregate, masked_mean, masked_var
+from .reductions import LossAgg, aggregate, masked_mean, masked_var
 
 __all__ = ["explained_variance", "value_loss"]
 

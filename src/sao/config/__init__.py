@@ -1,12 +1,12 @@
 """Typed run configuration, loaded from YAML plus dotted overrides.
 
-The pydantic sections live in `sao.config.schema`; `load_config` / `dump_config` and the error messages that
+`RunConfig` and the rules across sections live in `sao.config.schema`, each section in a module of its own
+(`algo`: the typed algorithm configs); `load_config` / `dump_config` and the error messages that
 name the dotted key live in `sao.config.loading`.
 """
 
 from sao.config.loading import dump_config, load_config
 from sao.config.schema import (
-    CRITIC_ADVANTAGES,
     DEFAULT_PRESET,
     AlgoConfig,
     ClusterConfig,
@@ -25,7 +25,6 @@ from sao.config.schema import (
 )
 
 __all__ = [
-    "CRITIC_ADVANTAGES",
     "DEFAULT_PRESET",
     "AlgoConfig",
     "ClusterConfig",

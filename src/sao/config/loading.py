@@ -1,7 +1,12 @@
 """Loading a `RunConfig` from YAML plus dotted overrides, and dumping it back.
 
 `load_config` resolves  defaults <- preset <- YAML <- overrides  and validates once. Every problem is a
-`ConfigError` that names the dotted key (`algo.eps_low`), the bad value and what is allowed.
+`ConfigError` that names the dotted key (`algo.loss.eps_low`), the bad value and what is allowed.
+
+A section chosen by ``type`` (``algo.advantage``, ``algo.loss``: a union of classes) merges key by key while
+the type stays; a layer that names another type starts that class afresh from its own defaults (the lower
+layers' keys belong to the other class). Keys inside such a section are checked when the whole config is
+validated, against the class its ``type`` selects.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sao.config.algo import MOVED_KEYS, AlgoConfig
 from sao.config.schema import DEFAULT_PRESET, ConfigError, RunConfig
+from sao.config.unions import union_paths, union_variants
 from sao.presets import PRESETS
 
 
@@ -54,6 +61,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     override_data: dict[str, Any] = {}
     for item in overrides:
         key, value = _parse_override(item)
+        if key.startswith("algo.") and key.count(".") == 1:
+            _refuse_moved(key.split(".")[1], value, "overrides")
         if key == "algo" and isinstance(value, str):
             key = "algo.preset"
         for part in reversed(_nest(key)):
@@ -121,6 +130,8 @@ def _unknown_key(parts: list[str], index: int, model: type[BaseModel], source: s
 def _check_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: list[str], source: str) -> None:
     """Raise on the first key of `data` that is not a field of `model`, recursing into sections."""
     for key, value in data.items():
+        if model is AlgoConfig:
+            _refuse_moved(str(key), value, source)
         if key not in model.model_fields:
             raise _unknown_key([*prefix, str(key)], len(prefix), model, source)
         sub = _section_model(model, key)
@@ -128,11 +139,34 @@ def _check_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: list[st
             _check_keys(value, sub, [*prefix, key], source)
 
 
+def _refuse_moved(key: str, value: Any, source: str) -> None:
+    """A flat ``algo`` key of earlier versions, or a section chosen by type given as a name: refused with the
+    new spelling."""
+    if key in ("advantage", "loss") and isinstance(value, str):
+        raise ConfigError(
+            f"algo.{key} (in {source}) is a section chosen by its type now: write algo.{key}.type={value} "
+            f"(YAML: `{key}: {{type: {value}}}`); `sao config --explain algo.{key}` lists the types"
+        )
+    moved = MOVED_KEYS.get(key)
+    if moved is None:
+        return
+    section, field = moved.split(".")
+    spelling = f"algo.{moved}" + ("" if isinstance(value, Mapping) or value is None else f"={value}")
+    variants = union_variants(AlgoConfig, section) or {}
+    owners = [tag for tag, cls in variants.items() if field in cls.model_fields and tag != "custom"]
+    if field != "type" and len(owners) < len(variants) - 1:
+        spelling += f" (a field of algo.{section}.type {' / '.join(owners)})"
+    raise ConfigError(f"algo.{key} (in {source}) has moved: write {spelling}")
+
+
 def _nest(key: str) -> list[str]:
-    """Split a dotted override key, checking every part against the schema."""
+    """Split a dotted override key, checking every part against the schema (inside a section chosen by
+    ``type`` the keys are checked at validation, against the chosen class)."""
     parts = key.split(".")
     model: type[BaseModel] | None = RunConfig
     for i, part in enumerate(parts):
+        if model is not None and union_variants(model, part) is not None:
+            return parts
         if model is None:
             raise ConfigError(
                 f"unknown key {key!r} (in overrides): {'.'.join(parts[:i])} is a value, not a section"
@@ -143,15 +177,22 @@ def _nest(key: str) -> list[str]:
     return parts
 
 
-def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep merge of nested dicts into a new dict; `update` wins."""
+def _merge(base: Mapping[str, Any], update: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Deep merge of nested dicts into a new dict; `update` wins. A section chosen by ``type`` whose type
+    `update` changes is replaced, not merged (module docstring)."""
     merged = dict(base)
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = _merge(merged[key], value)
+        here = (*path, str(key))
+        lower = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(lower, Mapping):
+            retyped = here in _UNIONS and "type" in value and value["type"] != lower.get("type")
+            merged[key] = dict(value) if retyped else _merge(lower, value, here)
         else:
             merged[key] = value
     return merged
+
+
+_UNIONS = union_paths(RunConfig)
 
 
 def _validate(data: dict[str, Any]) -> RunConfig:
@@ -161,25 +202,43 @@ def _validate(data: dict[str, Any]) -> RunConfig:
         raise ConfigError(_format_errors(err)) from None
 
 
-def _dotted_loc(loc: tuple[int | str, ...]) -> str:
-    """The prefix of a pydantic error location that names config fields (drops union tags, list indices)."""
+def _dotted_loc(loc: tuple[int | str, ...]) -> tuple[str, type[BaseModel] | None]:
+    """The prefix of a pydantic error location that names config fields (drops union tags and list
+    indices), and the model of the section it ends in (None past a value)."""
     parts: list[str] = []
     model: type[BaseModel] | None = RunConfig
-    for item in loc:
-        if model is None or item not in model.model_fields:
+    items = list(loc)
+    while items and model is not None:
+        item = str(items.pop(0))
+        if item not in model.model_fields:
+            if model.model_config.get("extra") == "forbid":
+                parts.append(item)  # the unknown key itself
             break
-        parts.append(str(item))
-        model = _section_model(model, str(item))
-    return ".".join(parts) or "config"
+        parts.append(item)
+        variants = union_variants(model, item)
+        if variants is not None:
+            model = variants.get(str(items.pop(0))) if items and str(items[0]) in variants else None
+        else:
+            model = _section_model(model, item)
+    return ".".join(parts) or "config", model
 
 
 def _format_errors(err: ValidationError) -> str:
     """One line per dotted key: the bad value and what pydantic says is allowed."""
     problems: dict[str, tuple[Any, list[str]]] = {}
     for e in err.errors():
-        key = _dotted_loc(e["loc"])
+        key, model = _dotted_loc(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
-        problems.setdefault(key, (e.get("input"), []))[1].append(msg)
+        if e["type"] == "union_tag_invalid":
+            key, msg = f"{key}.type", f"unknown type; choose one of {e['ctx']['expected_tags']}"
+        elif e["type"] == "extra_forbidden" and model is not None:
+            close = difflib.get_close_matches(key.rsplit(".", 1)[-1], list(model.model_fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            kind = model.model_fields["type"].default if "type" in model.model_fields else None
+            where = f" of type {kind}" if kind else ""
+            msg = f"unknown key{where}{hint}; allowed: {', '.join(model.model_fields)}"
+        value = e["ctx"]["tag"] if e["type"] == "union_tag_invalid" else e.get("input")
+        problems.setdefault(key, (value, []))[1].append(msg)
     lines = []
     for key, (value, msgs) in problems.items():
         text = " or ".join(dict.fromkeys(msgs))

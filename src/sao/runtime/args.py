@@ -7,34 +7,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sao.config import (
-    AlgoConfig,
-    ClusterConfig,
-    CriticConfig,
-    GatewayConfig,
-    LoggingConfig,
-    ModelConfig,
-    TrainerConfig,
-)
-from sao.config.schema import MismatchDriftConfig, PushCheckConfig
+from sao.config.runtime import requested_resources
 from sao.eval import EvalSettings
 from sao.serve.hooks import SessionRules
+from sao.train.settings import TrainerArgs
 
 __all__ = [
     "CheckpointArgs",
+    "ClusterArgs",
+    "ClusterSettings",
     "ComputeArgs",
     "CriticArgs",
+    "DriftSettings",
     "EngineArgs",
     "EnvArgs",
     "EvalArgs",
     "GatewayArgs",
+    "GatewaySettings",
     "InspectArgs",
     "LoopArgs",
     "ModelArgs",
+    "ModelSource",
+    "PushCheckSettings",
     "RunLogArgs",
     "SamplerArgs",
     "ServerArgs",
     "SinkArgs",
+    "SinkSettings",
     "StalenessArgs",
     "TaskArgs",
     "ThreadArgs",
@@ -46,10 +45,24 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ModelArgs:
-    """The policy checkpoint (a directory, or a tiny model built into ``cache_dir`` on first use)."""
+class ModelSource:
+    """Where the policy checkpoint comes from (`sao.models.loading.model_from_config`): a directory, or a tiny
+    model built on first use; with ``rope_scaling`` merged into a derived checkpoint."""
 
-    model: ModelConfig
+    path: str | None
+    tiny_arch: str | None
+    tiny_size: str
+    tiny_tokenizer: str
+    rope_scaling: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """The policy: its checkpoint, how the trainer holds and computes it, the seed a tiny model is built
+    with."""
+
+    model: ModelSource
+    compute: ComputeArgs
     seed: int
 
 
@@ -159,14 +172,6 @@ class StalenessArgs:
 
 
 @dataclass(frozen=True)
-class TrainerArgs:
-    algo: AlgoConfig
-    critic: CriticConfig
-    optim: TrainerConfig
-    temperature: float
-
-
-@dataclass(frozen=True)
 class ValuePretrainArgs:
     """Value pretraining before RL: on, and with which options (`sao.train.value_pretrain`)."""
 
@@ -207,9 +212,18 @@ class InspectArgs:
 
 
 @dataclass(frozen=True)
+class SinkSettings:
+    """Which metric sinks besides JSONL, and how often records are kept (`sao.sinks.make_sinks`)."""
+
+    tensorboard: bool
+    wandb: bool
+    log_every: int
+
+
+@dataclass(frozen=True)
 class SinkArgs:
     run_dir: Path
-    logging: LoggingConfig
+    logging: SinkSettings
     run_name: str
 
 
@@ -235,12 +249,50 @@ class LoopArgs:
 
 
 @dataclass(frozen=True)
+class ClusterSettings:
+    """Where the Ray runtime places its actors (``cluster.*``; `sao.runtime.ray_cluster.RayCluster`)."""
+
+    address: str | None
+    num_cpus: float | None
+    num_gpus: int | None
+    auth: str
+    temp_dir: str | None
+    trainer_workers: int
+    trainer_cpus: float
+    trainer_gpus: float
+    engine_replicas: int
+    engine_cpus: float
+    engine_gpus: float
+    placement_strategy: str
+    start_timeout_s: float
+
+    def requested(self) -> dict[str, float]:
+        """Resources the actors ask for in total: ``{"CPU": …, "GPU": …}``."""
+        return requested_resources(self)
+
+
+@dataclass(frozen=True)
 class ClusterArgs:
     """The distributed runtime's placement (the whole cluster section) and its weight-sync path."""
 
-    cluster: ClusterConfig
+    cluster: ClusterSettings
     weight_sync: str  # runtime.weight_sync ('auto' is resolved with the engine backend and GPUs: RayParts)
     weight_bucket_mb: int = 512  # runtime.weight_bucket_mb: bucket size of pushes over a process group
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The server external agents use and its admission (``gateway.*``; `sao.runtime.gateway_run`)."""
+
+    host: str
+    port: int
+    admission: str  # wait | reject
+    admission_timeout_s: float
+    max_sessions: int
+    session_idle_timeout_s: float
+    max_body_bytes: int
+    max_pending: int
+    retry_after_s: int
 
 
 @dataclass(frozen=True)
@@ -249,10 +301,30 @@ class GatewayArgs:
     and the rules every recorded session follows (`sao.runtime.gateway_run`)."""
 
     source: str  # env | gateway | both
-    gateway: GatewayConfig
+    gateway: GatewaySettings
     group_size: int
     rules: SessionRules
     verifier_timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class PushCheckSettings:
+    """``runtime.push_check``: what a failed push does, threshold, probe (`sao.runtime.push_check`)."""
+
+    action: str  # error | warn | none
+    threshold: float
+    probe_tokens: int
+    probe: str  # vocab | prompt
+
+
+@dataclass(frozen=True)
+class DriftSettings:
+    """``runtime.mismatch_drift``: the lag-0 mismatch drift alarm (`sao.runtime.weight_checks`)."""
+
+    action: str  # warn | error | none
+    window: int
+    factor: float
+    min_abs_diff: float
 
 
 @dataclass(frozen=True)
@@ -260,7 +332,7 @@ class WeightCheckArgs:
     """Push verification, the lag-0 mismatch drift alarm and the weight-sync deadline
     (`sao.runtime.weight_checks`); ``seed`` draws the vocabulary probe."""
 
-    push_check: PushCheckConfig
-    mismatch_drift: MismatchDriftConfig
+    push_check: PushCheckSettings
+    mismatch_drift: DriftSettings
     timeout_s: float
     seed: int

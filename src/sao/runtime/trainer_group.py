@@ -41,7 +41,7 @@ class TrainerGroupArgs:
 
     actor_dir: str
     critic_dir: str | None
-    trainer: Any  # TrainerArgs: algo, critic, optim, temperature
+    trainer: Any  # sao.train.settings.TrainerArgs
     compute: ComputeArgs
     threads: int
     head_init: str
@@ -92,9 +92,8 @@ class TrainerRankActor:
         )
         t = args.trainer
         self.trainer = RankTrainer(
-            args.actor_dir, args.critic_dir, t.algo, t.critic, t.optim,
-            temperature=t.temperature, dtype=compute.dtype, master_dtype=compute.master_dtype,
-            device=compute.device, head_init=args.head_init, seed=t.optim.seed,
+            args.actor_dir, args.critic_dir, t, dtype=compute.dtype, master_dtype=compute.master_dtype,
+            device=compute.device, head_init=args.head_init, seed=t.seed,
             prepare=functools.partial(prepare_for_training, compute=compute),
         )  # fmt: skip
         return {"rank": self.rank, "pid": os.getpid(), "backend": backend}
@@ -193,15 +192,11 @@ class TrainerGroup:
     """The driver's handle on the trainer ranks (module docstring); the `Trainer` surface of the run."""
 
     def __init__(self, ranks: list[Any], args: TrainerGroupArgs) -> None:
-        from sao.algos import AdvantageParams, get_advantage_estimator, make_advantage_state
-
         self.ranks, self.args = ranks, args
-        algo = args.trainer.algo
-        self.algo = algo
-        self._estimator = get_advantage_estimator(algo.advantage)
-        self._adv_state = make_advantage_state(algo.advantage, AdvantageParams.from_config(algo))
+        self._estimator = args.trainer.estimator.build()
+        self._adv_state = self._estimator.make_state()
         self.step = 0
-        self.uses_critic = algo.uses_critic
+        self.uses_critic = bool(self._estimator.uses_critic)
         self.last_capture: Any = None  # rank 0's StepCapture of the last step that captured
 
     @classmethod
@@ -241,12 +236,10 @@ class TrainerGroup:
 
     @property
     def prioritizes_prompts(self) -> bool:
-        return self._estimator.sampling_weights is not None
+        return bool(self._estimator.prioritizes_prompts)
 
     def sampling_weights(self, prompt_ids: list[str]) -> list[float] | None:
-        from sao.algos import prompt_sampling_weights
-
-        weights = prompt_sampling_weights(self.algo.advantage, self._adv_state, prompt_ids)
+        weights = self._estimator.sampling_weights(self._adv_state, prompt_ids)
         return None if weights is None else weights.tolist()
 
     def train_step(self, batch: Batch, *, policy_version: int, capture: bool = False) -> dict[str, float]:

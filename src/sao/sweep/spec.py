@@ -46,6 +46,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sao.config import ConfigError, RunConfig, load_config
+from sao.sweep.legacy_keys import legacy_algo
 
 __all__ = [
     "DEFAULT_CURVES",
@@ -294,8 +295,13 @@ def _plain(value: Any) -> Any:
 def run_key(cfg: RunConfig) -> str:
     """12 hex digits identifying a run by the values its resolved config sets away from the defaults,
     ``logging.run_dir`` and ``name`` left out. A key added to the config later (with a default) leaves the
-    keys of existing runs as they were, so a finished run stays found; so does a changed default."""
+    keys of existing runs as they were, so a finished run stays found; so does a changed default. The
+    ``algo`` section counts in its earlier flat spelling (`sao.sweep.legacy_keys`)."""
     data = _non_default(cfg)
+    algo = legacy_algo(cfg.algo.model_dump(mode="json"))
+    data.pop("algo", None)
+    if algo:
+        data["algo"] = algo
     data.pop("name", None)
     data.get("logging", {}).pop("run_dir", None)
     if data.get("logging") == {}:  # only the run dir set there: as if the section had no change

@@ -25,7 +25,6 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from sao.config import AlgoConfig, CriticConfig, TrainerConfig
 from sao.models.critic import CriticModel
 from sao.models.freezing import apply_freeze
 from sao.models.loading import resolve_device, resolve_dtype
@@ -37,6 +36,7 @@ from sao.types import Batch, Trajectory
 from .collective import ProcessGroupCollective
 from .common import set_seed
 from .dcp import load_sharded, save_sharded
+from .settings import TrainerArgs
 from .step import Trainer
 from .value_pretrain import ValuePretrainOptions, ValuePretrainResult, pretrain_value
 
@@ -49,7 +49,7 @@ class RankTrainer:
     Args:
         actor_dir: the policy checkpoint. critic_dir: a saved critic, or None for a new one from
             ``actor_dir`` (a new value head; ``head_init`` as `load_critic`); ignored by critic-free presets.
-        algo, critic_cfg, optim, temperature: as `Trainer`.
+        args: the trainer's settings, as `Trainer`.
         dtype: the compute dtype of forward and backward (`resolve_dtype`: ``"auto"`` is bfloat16 on CUDA,
             float32 on the CPU). master_dtype: the weights' dtype (and so the gradients', their reduction's
             and AdamW's); None: ``dtype`` (one dtype throughout). When they differ and ``mp_policy`` is
@@ -67,11 +67,8 @@ class RankTrainer:
         self,
         actor_dir: str | os.PathLike[str],
         critic_dir: str | os.PathLike[str] | None,
-        algo: AlgoConfig,
-        critic_cfg: CriticConfig,
-        optim: TrainerConfig,
+        args: TrainerArgs,
         *,
-        temperature: float = 1.0,
         dtype: str | torch.dtype = "auto",
         master_dtype: str | torch.dtype | None = None,
         device: str | torch.device = "auto",
@@ -95,23 +92,14 @@ class RankTrainer:
             actor_dir, mesh=mesh, mp_policy=mp_policy, device=target, master_dtype=master, prepare=prepare
         )
         self.critic: CriticModel | None = None
-        if algo.uses_critic:
+        if args.estimator.uses_critic:
             source = critic_dir if critic_dir is not None else actor_dir
             self.critic = load_sharded_critic(
                 source, mesh=mesh, mp_policy=mp_policy, device=target, master_dtype=master,
                 head_init=head_init, prepare=prepare,
             )  # fmt: skip
         self.collective = ProcessGroupCollective()
-        self.trainer = Trainer(
-            self.actor,
-            self.critic,
-            algo,
-            critic_cfg,
-            optim,
-            temperature=temperature,
-            collective=self.collective,
-            gradient_sync=optim.gradient_sync,  # one reduce-scatter per step or per micro-batch
-        )
+        self.trainer = Trainer(self.actor, self.critic, args, collective=self.collective)
 
     @property
     def rank(self) -> int:
@@ -169,6 +157,6 @@ class RankTrainer:
             console = Console(stderr=True, quiet=self.rank != 0)
             return pretrain_value(self.critic, corpus, options, None, console, collective=self.collective)
         finally:
-            apply_freeze(inner, self.trainer.critic_cfg.freeze)
+            apply_freeze(inner, self.trainer.args.critic.freeze)
             for param in self.critic.parameters():  # pretraining's last gradients: no use to RL
                 param.grad = None

@@ -8,14 +8,15 @@ module saves). Does not own: rollouts, weight sync to the engine, checkpoints on
 One `Trainer.train_step` on a batch:
 
 1. critic values V (no grad; with a single micro-batch, taken from the first critic step's forward) and
-   critic targets with λ_critic (`critic_targets`: one GAE pass);
+   critic targets with λ_critic (the estimator's ``targets``: one GAE pass);
 2. ``algo.k_critic`` critic optimizer steps on that batch, targets fixed;
 3. V recomputed with the updated critic (``critic.recompute_values``);
-4. policy advantages by the preset's estimator (`estimate_advantages`, pure: one GAE pass with the
+(1–3: `sao.train.step_critic.CriticLearner`)
+4. policy advantages by the estimator (``algo.advantage``: ``advantages``, pure: one GAE pass with the
    policy λ, length-adaptive, or a baseline read from the estimator's state before this batch);
-5. one actor optimizer step: ``dis`` against the rollout log-probs, or ``ppo_clip`` against π_old; plus
-   ``nll_coef`` × the positive-example NLL (VAPO);
-6. the estimator's state records the batch (`update_advantage_state`; running-mean history, SPO tracker).
+5. one actor optimizer step on the loss (``algo.loss``: ``dis`` against the rollout log-probs, or
+   ``ppo_clip`` against π_old; plus ``nll_coef`` × the positive-example NLL, VAPO);
+6. the estimator's state records the batch (its ``update_state``; running-mean history, SPO tracker).
 
 Critic-free presets skip 1–3. During the first ``critic.warmup_steps`` steps only 1–3 run.
 
@@ -42,165 +43,65 @@ optimizer steps only, and ``skipped_steps`` / ``critic_skipped_steps`` the skipp
 next `train_step` raises `TrainingDiverged` before it touches anything: the trainer is as the last step
 left it (that step returned its metrics normally, so a run has logged it and may checkpoint it).
 
-Sharded (FSDP) training: with a `Collective` over W ranks, every rank gets the whole batch and the indices
-of its own trajectories (``train_step(..., shard=)``; `sao.train.step_shard`). Forwards and backwards run
-on the rank's micro-batches, as many on every rank (padded with zero-weight ones); the per-token model
-outputs (V, π_old, the fresh log-probs SPO reads) are gathered into whole-batch order, so critic targets,
-advantages, loss denominators, the estimator's state and the metrics are the whole batch's, identical on
-every rank. Gradients must be *summed* over ranks (`sao.models.sharding` sets FSDP so): each rank's loss
-is its share of the whole-batch loss. The skip decision uses the summed loss and the global gradient norm,
-so it is the same on every rank. With `LocalCollective` (the default) the step is the single-process one.
+Sharded (FSDP) training: with a `Collective` over W ranks every rank gets the whole batch and the indices of
+its trajectories (``train_step(..., shard=)``); models run on the rank's micro-batches, everything else on
+the whole batch, identically on every rank (`sao.train.step_shard`). Gradients are *summed* over ranks; the
+skip decision uses the summed loss and the global gradient norm; ``gradient_sync``:
+`step_support.reduce_on_last`.
 
-Gradient reduction once per optimizer step (``gradient_sync="step"``, the default): on FSDP2 models the
-backward of every micro-batch but the last skips the reduce-scatter (``set_requires_gradient_sync``) and
-adds its gradients to the rank's *unsharded* sum; the last one reduce-scatters that sum once (the actor's
-step, and each of the K critic steps, is one such step). FSDP2 keeps that sum in the policy's reduce dtype
-(float32 with `sao.models.precision.fsdp_policy`: each micro-batch's compute-dtype gradient is upcast before
-it is added), so accumulation is as exact as with a reduce-scatter per micro-batch. The price is memory: from
-the first backward to the step, every rank holds a full unsharded gradient in the reduce dtype (4 bytes per
-parameter in float32: 32 GB for an 8B model, 122 GB for Qwen3-30B-A3B), where per-micro-batch reduction
-holds one unit's unsharded gradient at a time. ``gradient_sync="micro_batch"`` is that trade the other way.
-A rank with one micro-batch reduces once either way; one process is unaffected.
-
-The trainer is built from its own config sections (``algo``, ``critic``, ``trainer``) and the sampling
-temperature; `sao.runtime.build.build_trainer` picks them out of a run config.
+The trainer is built from its own settings (`sao.train.settings.TrainerArgs`: the typed estimator and loss,
+the actor's and the critic's optimizer settings, the sampling temperature); `sao.runtime.build.trainer_args`
+fills them from the run config.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from sao.algos import (
-    AdvantageInputs,
-    AdvantageParams,
-    critic_targets,
-    estimate_advantages,
-    explained_variance,
-    get_advantage_estimator,
-    get_policy_loss,
-    make_advantage_state,
-    positive_nll_loss,
-    prompt_sampling_weights,
-    update_advantage_state,
-    value_loss,
-)
+from sao.algos import AdvantageInputs
 from sao.algos.mismatch import lag0_mismatch_metrics
-from sao.algos.packed import segment_count, segment_sum
-from sao.config import AlgoConfig, CriticConfig, TrainerConfig
-from sao.models.forward import stochastic_forward, token_logprobs, token_values
-from sao.models.freezing import apply_freeze, trainable_parameters
+from sao.models.forward import stochastic_forward, token_logprobs
+from sao.models.freezing import trainable_parameters
 from sao.types import Batch
 
 from .capture import StepCapture
 from .collective import Collective, LocalCollective
+from .settings import TrainerArgs
+from .step_actor import actor_backward
+from .step_critic import CriticLearner
 from .step_metrics import batch_metrics
-from .step_schedule import actor_lr_factor, critic_lr_factor
+from .step_schedule import actor_lr_factor
 from .step_shard import StepShard
+from .step_support import (
+    TrainingDiverged,
+    advance,
+    clip_grad_norm,
+    divergence,
+    finite_update,
+    host,
+)
 
 __all__ = ["Trainer", "TrainingDiverged", "finite_update"]
-
-
-class TrainingDiverged(RuntimeError):  # noqa: N818 (the name the runner catches)
-    """More than ``trainer.max_consecutive_skips`` (``limit``) actor steps in a row were skipped for a
-    non-finite loss or gradient norm (``skips`` of them). Raised by `Trainer.train_step` on the call after
-    the step that exceeded the limit, before that call changes anything."""
-
-    def __init__(self, skips: int, limit: int) -> None:
-        super().__init__(
-            f"training diverged: {skips} consecutive actor steps skipped for a non-finite loss or gradient "
-            f"norm (more than trainer.max_consecutive_skips={limit})"
-        )
-        self.skips, self.limit = skips, limit
-
-
-def finite_update(loss: Tensor, grad_norm: Tensor) -> bool:
-    """Whether an optimizer step may be taken: the 0-d ``loss`` and total ``grad_norm`` are both finite
-    (one host sync)."""
-    return bool(torch.isfinite(loss) & torch.isfinite(grad_norm))
-
-
-def _clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> Tensor:
-    """Clip the gradients in place to total norm ``max_norm``; returns the 0-d total norm before clipping
-    (over all ranks for sharded parameters: FSDP's norm is a replicated DTensor, returned as a tensor)."""
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm, error_if_nonfinite=False)
-    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor's (not imported: no distributed needed)
-    return full_tensor() if full_tensor is not None else norm
-
-
-def _advance(sched: torch.optim.lr_scheduler.LRScheduler, skipped: bool) -> None:
-    """``sched.step()``; after a skipped optimizer step without torch's warning that no optimizer step
-    preceded it (the skip is deliberate)."""
-    if not skipped:
-        sched.step()
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before")
-        sched.step()
-
-
-class _Accumulator:
-    """Weighted means of 0-d metric tensors over micro-batches (weights: action tokens)."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
-
-    def add(self, metrics: dict[str, Tensor], weight: float) -> None:
-        for name, value in metrics.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
-            self.weights[name] = self.weights.get(name, 0.0) + weight
-
-    def means(self, collective: Collective) -> dict[str, float]:
-        """The means over every rank's micro-batches (every rank has the same metric names)."""
-        sums, weights = self.sums, self.weights
-        if collective.world_size > 1:
-            names = sorted(sums)
-            total = collective.sum_floats([sums[k] for k in names] + [weights[k] for k in names])
-            n = len(names)
-            sums = dict(zip(names, total[:n], strict=True))
-            weights = dict(zip(names, total[n:], strict=True))
-        return {k: sums[k] / weights[k] if weights[k] else 0.0 for k in sums}
-
-
-def _host(x: Tensor) -> Tensor:
-    """A detached float32 CPU copy (the captured quantities)."""
-    return x.detach().float().cpu()
-
-
-def _token_slices(parts: list[Batch]) -> list[slice]:
-    """The packed token range of each micro-batch (`Batch.split` keeps whole trajectories, in order)."""
-    slices, start = [], 0
-    for part in parts:
-        slices.append(slice(start, start + part.num_tokens))
-        start += part.num_tokens
-    return slices
 
 
 class Trainer:
     """Actor (+ critic) optimization; see the module docstring for the step.
 
     Args:
-        actor, critic: the models (``critic`` may be None only for critic-free presets). The critic's
-            freezing rule is (re)applied from ``critic_cfg.freeze`` (a value-pretrained critic may have
-            trained all parameters).
-        algo: estimator, loss and critic schedule. critic_cfg: critic optimizer, clip, warm-ups.
-        optim: the actor optimizer, schedule and micro-batching (``trainer`` section).
-        temperature: the engine's sampling temperature (log-probs are taken at it; 0 means greedy → 1).
+        actor, critic: the models (``critic`` may be None only when the estimator uses no critic).
+        args: the estimator, the loss, both optimizers' settings, micro-batching, the sampling temperature
+            (log-probs are taken at it; 0 means greedy → 1) and ``gradient_sync``: FSDP2 models only,
+            ``"step"`` reduce-scatters once per optimizer step, ``"micro_batch"`` after every micro-batch.
         collective: the reductions over the trainer's ranks (default `LocalCollective`: one process). With
             more than one rank the models are FSDP-sharded with summed gradients (`sao.models.sharding`)
             and every ``train_step`` passes the rank's ``shard``.
-        gradient_sync: FSDP2 models only: ``"step"`` reduce-scatters once per optimizer step (the rank
-            holds its unsharded gradient sum across micro-batches, module docstring), ``"micro_batch"``
-            after every micro-batch's backward (sharded gradients only, one reduce-scatter per micro-batch).
-        old_logprobs: where a ``ppo_clip`` loss gets π_old: ``"auto"`` the training forward's detached
+        old_logprobs: where a loss against π_old gets it: ``"auto"`` the training forward's detached
             log-probs when the actor's forward is deterministic, else a no-grad forward before the update;
             ``"forward"`` always that forward (module docstring).
     """
@@ -209,72 +110,79 @@ class Trainer:
         self,
         actor: nn.Module,
         critic: nn.Module | None,
-        algo: AlgoConfig,
-        critic_cfg: CriticConfig,
-        optim: TrainerConfig,
+        args: TrainerArgs,
         *,
-        temperature: float = 1.0,
         collective: Collective | None = None,
-        gradient_sync: Literal["step", "micro_batch"] = "step",
         old_logprobs: Literal["auto", "forward"] = "auto",
     ) -> None:
-        if algo.uses_critic and critic is None:
-            raise ValueError(f"algo.advantage={algo.advantage!r} needs a critic, got None")
-        if gradient_sync not in ("step", "micro_batch"):
-            raise ValueError(f"gradient_sync must be 'step' or 'micro_batch', got {gradient_sync!r}")
+        self.estimator = args.estimator.build()
+        self.loss = args.loss.build()
+        self.uses_critic = bool(self.estimator.uses_critic)
+        if self.uses_critic and critic is None:
+            raise ValueError(f"algo.advantage.type={args.estimator.type!r} needs a critic, got None")
+        if args.gradient_sync not in ("step", "micro_batch"):
+            raise ValueError(f"gradient_sync must be 'step' or 'micro_batch', got {args.gradient_sync!r}")
         if old_logprobs not in ("auto", "forward"):
             raise ValueError(f"old_logprobs must be 'auto' or 'forward', got {old_logprobs!r}")
-        self.actor, self.critic = actor, critic
-        self.algo, self.critic_cfg, self.optim = algo, critic_cfg, optim
-        self.gradient_sync = gradient_sync
+        self.actor, self.critic, self.args = actor, critic, args
         self.device = next(actor.parameters()).device
         self.collective: Collective = collective if collective is not None else LocalCollective()
-        self.temperature = temperature if temperature > 0 else 1.0
-        self.params = AdvantageParams.from_config(algo)
-        self.estimator = get_advantage_estimator(algo.advantage)
-        self.adv_state = make_advantage_state(algo.advantage, self.params)
-        self.loss = get_policy_loss(algo.policy_loss)
+        self.temperature = args.temperature if args.temperature > 0 else 1.0
+        self.adv_state = self.estimator.make_state()
         # π_old by a no-grad forward, or the training forward's log-probs detached (module docstring)
-        self.old_logprob_forward = algo.needs_old_logprobs and (
+        self.old_logprob_forward = self.loss.reference == "old" and (
             old_logprobs == "forward" or stochastic_forward(actor)
         )
-        self.uses_critic = algo.uses_critic
+        opt = args.actor
         self.actor_params = trainable_parameters(actor)
-        self.actor_optim = torch.optim.AdamW(self.actor_params, lr=optim.lr, weight_decay=optim.weight_decay)
+        self.actor_optim = torch.optim.AdamW(self.actor_params, lr=opt.lr, weight_decay=opt.weight_decay)
         self.actor_sched = torch.optim.lr_scheduler.LambdaLR(
-            self.actor_optim, actor_lr_factor(optim.lr_schedule, optim.warmup_steps, optim.total_steps)
+            self.actor_optim, actor_lr_factor(opt.lr_schedule, opt.warmup_steps, opt.total_steps)
         )
-        self.critic_params: list[nn.Parameter] = []
-        self.critic_optim = self.critic_sched = None
+        self.critic_learner: CriticLearner | None = None
         if self.uses_critic:
             assert critic is not None
-            apply_freeze(getattr(critic, "model", critic), critic_cfg.freeze)
-            self.critic_params = trainable_parameters(critic)
-            self.critic_optim = torch.optim.AdamW(
-                self.critic_params, lr=critic_cfg.lr, weight_decay=optim.weight_decay
-            )
-            self.critic_sched = torch.optim.lr_scheduler.LambdaLR(
-                self.critic_optim, critic_lr_factor(critic_cfg.lr_warmup_steps)
-            )
+            self.critic_learner = CriticLearner(critic, args.critic, self.collective, args.gradient_sync,
+                                                self.device)  # fmt: skip
         self.step = 0  # train_step calls
         self.actor_steps = 0
-        self.critic_steps = 0
         self.old_logprob_forwards = 0
         self.trained_tokens = 0
         self.skipped_steps = 0  # actor steps skipped for a non-finite loss / grad norm
-        self.critic_skipped_steps = 0
         self.consecutive_skips = 0  # skipped actor steps since the last applied one
         self.last_capture: StepCapture | None = None  # the last step's, when it was asked to capture
         self._capture: StepCapture | None = None  # filled during a capturing step
 
+    # ---- the critic's parts (None / 0 without a critic) --------------------------------------------
+
+    @property
+    def critic_optim(self) -> torch.optim.Optimizer | None:
+        return None if self.critic_learner is None else self.critic_learner.optim
+
+    @property
+    def critic_sched(self) -> torch.optim.lr_scheduler.LRScheduler | None:
+        return None if self.critic_learner is None else self.critic_learner.sched
+
+    @property
+    def critic_params(self) -> list[nn.Parameter]:
+        return [] if self.critic_learner is None else self.critic_learner.params
+
+    @property
+    def critic_steps(self) -> int:
+        return 0 if self.critic_learner is None else self.critic_learner.steps
+
+    @property
+    def critic_skipped_steps(self) -> int:
+        return 0 if self.critic_learner is None else self.critic_learner.skipped_steps
+
     @property
     def prioritizes_prompts(self) -> bool:
-        """Whether the estimator's state gives prompt priorities (`sampling_weights`)."""
-        return self.estimator.sampling_weights is not None
+        """Whether the estimator gives prompt priorities (`sampling_weights`)."""
+        return bool(self.estimator.prioritizes_prompts)
 
     def sampling_weights(self, prompt_ids: list[str]) -> list[float] | None:
         """Prompt priorities from the estimator's state (SPO's √(p̂(1−p̂)) + floor), None without them."""
-        weights = prompt_sampling_weights(self.algo.advantage, self.adv_state, prompt_ids)
+        weights = self.estimator.sampling_weights(self.adv_state, prompt_ids)
         return None if weights is None else weights.tolist()
 
     # ---- state -------------------------------------------------------------------------------------
@@ -284,6 +192,7 @@ class Trainer:
 
         ``optimizers=False`` leaves the optimizer states out (``actor_optim`` / ``critic_optim`` absent): a
         sharded trainer's are saved with the weights (`sao.train.dcp`); the rest is the same on every rank."""
+        c = self.critic_learner
         state = {
             "step": self.step,
             "actor_steps": self.actor_steps,
@@ -293,56 +202,43 @@ class Trainer:
             "critic_skipped_steps": self.critic_skipped_steps,
             "consecutive_skips": self.consecutive_skips,
             "actor_sched": self.actor_sched.state_dict(),
-            "critic_sched": self.critic_sched.state_dict() if self.critic_sched else None,
+            "critic_sched": c.sched.state_dict() if c else None,
             "adv_state": copy.deepcopy(self.adv_state.state_dict()) if self.adv_state is not None else None,
         }
         if optimizers:
             state["actor_optim"] = self.actor_optim.state_dict()
-            state["critic_optim"] = self.critic_optim.state_dict() if self.critic_optim else None
+            state["critic_optim"] = c.optim.state_dict() if c else None
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict`'s output; without ``actor_optim`` (``optimizers=False``) the optimizers are
         left as they are (load them with the weights)."""
-        if (state["critic_sched"] is None) != (self.critic_sched is None):
+        c = self.critic_learner
+        if (state["critic_sched"] is None) != (c is None):
             raise ValueError("trainer state and this trainer disagree on whether there is a critic")
         self.step, self.actor_steps = state["step"], state["actor_steps"]
-        self.critic_steps, self.trained_tokens = state["critic_steps"], state["trained_tokens"]
+        self.trained_tokens = state["trained_tokens"]
         # absent from checkpoints written before skipped steps were counted
         self.skipped_steps = state.get("skipped_steps", 0)
-        self.critic_skipped_steps = state.get("critic_skipped_steps", 0)
         self.consecutive_skips = state.get("consecutive_skips", 0)
         with_optimizers = "actor_optim" in state
         if with_optimizers:
             self.actor_optim.load_state_dict(state["actor_optim"])
         self.actor_sched.load_state_dict(state["actor_sched"])
-        if self.critic_optim is not None and self.critic_sched is not None:
+        if c is not None:
+            c.steps, c.skipped_steps = state["critic_steps"], state.get("critic_skipped_steps", 0)
             if with_optimizers:
-                self.critic_optim.load_state_dict(state["critic_optim"])
-            self.critic_sched.load_state_dict(state["critic_sched"])
+                c.optim.load_state_dict(state["critic_optim"])
+            c.sched.load_state_dict(state["critic_sched"])
         if self.adv_state is not None:
             self.adv_state.load_state_dict(copy.deepcopy(state["adv_state"]))
 
     @property
     def critic_warming_up(self) -> bool:
         """True while the actor waits for the critic (``critic.warmup_steps`` trainer steps)."""
-        return self.uses_critic and self.step < self.critic_cfg.warmup_steps
+        return self.uses_critic and self.step < self.args.critic.warmup_steps
 
     # ---- the step ----------------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _reduce_on_last(self, model: nn.Module | None, count: int) -> Iterator[Callable[[int], None]]:
-        """Yields ``before_backward(i)``, to call before the backward of micro-batch ``i`` of ``count``: on an
-        FSDP2 model with ``gradient_sync="step"`` it turns the reduce-scatter off for all but the last one
-        (FSDP2 reads the switch in backward); the switch is back on afterwards, whatever happens."""
-        setter = getattr(model, "set_requires_gradient_sync", None)
-        if setter is None or self.gradient_sync != "step":
-            yield lambda i: None
-            return
-        try:
-            yield lambda i: setter(i == count - 1)
-        finally:
-            setter(True)
 
     def train_step(
         self,
@@ -364,10 +260,11 @@ class Trainer:
 
         Raises `TrainingDiverged`, changing nothing, when more than ``trainer.max_consecutive_skips`` actor
         steps in a row were skipped."""
-        if self.consecutive_skips > self.optim.max_consecutive_skips:
-            raise TrainingDiverged(self.consecutive_skips, self.optim.max_consecutive_skips)
+        limit = self.args.max_consecutive_skips
+        if self.consecutive_skips > limit:
+            raise TrainingDiverged(self.consecutive_skips, limit)
         batch = batch.to(self.device)
-        step = StepShard.build(batch, shard, self.optim.micro_batch_tokens, self.collective)
+        step = StepShard.build(batch, shard, self.args.micro_batch_tokens, self.collective)
         self.last_capture = None
         self._capture = None
         if capture:
@@ -378,39 +275,47 @@ class Trainer:
         metrics = batch_metrics(batch, policy_version)
         values = None
         critic_skips = self.critic_skipped_steps
-        if self.uses_critic:
-            values, critic_metrics = self._critic_phase(batch, step)
+        if self.critic_learner is not None:
+            targets_of = lambda v: self.estimator.targets(self._inputs(batch, v))  # noqa: E731
+            values, critic_metrics = self.critic_learner.update(batch, step, targets_of, self._capture)
             metrics.update(critic_metrics)
-        actor_trains = not self.critic_warming_up
         updated = False
-        if actor_trains:
+        if not self.critic_warming_up:
             actor_metrics, updated = self._actor_phase(batch, step, values, policy_version)
             metrics.update(actor_metrics)
-            # a skipped step advances the schedule too: it follows the step budget
-            _advance(self.actor_sched, not updated)
-            if updated:
-                self.actor_steps += 1
-                self.trained_tokens += int(batch.action_mask.sum())
-                self.consecutive_skips = 0
-            else:
-                self.skipped_steps += 1
-                self.consecutive_skips += 1
-        if self.critic_sched is not None:
-            _advance(self.critic_sched, self.critic_skipped_steps > critic_skips)
+            advance(self.actor_sched, not updated)  # a skipped step advances it too: it follows the budget
+            self._count_actor_step(batch, updated)
+        if self.critic_learner is not None:
+            self.critic_learner.end_step(critic_skips)
         self.step += 1
-        metrics["trainer/actor_updated"] = float(updated)
-        metrics["trainer/step"] = float(self.step)
-        metrics["trainer/actor_steps"] = float(self.actor_steps)
-        metrics["trainer/critic_steps"] = float(self.critic_steps)
-        metrics["trainer/skipped_steps"] = float(self.skipped_steps)
-        metrics["trainer/consecutive_skips"] = float(self.consecutive_skips)
+        metrics.update(self._counters(batch, updated))
+        if self._capture is not None:
+            self._capture.actor_updated = updated
+            self.last_capture, self._capture = self._capture, None
+        return metrics
+
+    def _count_actor_step(self, batch: Batch, updated: bool) -> None:
+        if updated:
+            self.actor_steps += 1
+            self.trained_tokens += int(batch.action_mask.sum())
+            self.consecutive_skips = 0
+        else:
+            self.skipped_steps += 1
+            self.consecutive_skips += 1
+
+    def _counters(self, batch: Batch, updated: bool) -> dict[str, float]:
+        metrics = {
+            "trainer/actor_updated": float(updated),
+            "trainer/step": float(self.step),
+            "trainer/actor_steps": float(self.actor_steps),
+            "trainer/critic_steps": float(self.critic_steps),
+            "trainer/skipped_steps": float(self.skipped_steps),
+            "trainer/consecutive_skips": float(self.consecutive_skips),
+        }
         if self.uses_critic:
             metrics["critic/skipped_steps"] = float(self.critic_skipped_steps)
         metrics["trainer/trained_tokens"] = float(batch.action_mask.sum()) if updated else 0.0
         metrics["trainer/trained_tokens_total"] = float(self.trained_tokens)
-        if self._capture is not None:
-            self._capture.actor_updated = updated
-            self.last_capture, self._capture = self._capture, None
         return metrics
 
     def _inputs(self, batch: Batch, values: Tensor | None) -> AdvantageInputs:
@@ -426,188 +331,55 @@ class Trainer:
             truncated=batch.truncated,
         )
 
-    @torch.no_grad()
-    def _values(self, parts: list[Batch]) -> Tensor:
-        assert self.critic is not None
-        return torch.cat([token_values(self.critic, part).float() for part in parts])
-
-    def _critic_phase(self, batch: Batch, step: StepShard) -> tuple[Tensor, dict[str, float]]:
-        """Steps 1–3: targets from the current critic, K critic steps, values of the updated critic.
-        Returns the whole batch's ``(T,)`` values and the metrics."""
-        assert self.critic is not None and self.critic_optim is not None
-        ccfg = self.critic_cfg
-        k_critic = self.algo.k_critic
-        parts = step.parts
-        # One micro-batch: the first critic step's forward (with grad) also gives the pre-update values the
-        # targets need, so the separate no-grad forward is skipped (same values: same weights, same input).
-        first: Tensor | None = None
-        if len(parts) == 1 and k_critic >= 1:
-            first = token_values(self.critic, parts[0]).float()
-            old_values = step.gather(first.detach())
-        else:
-            old_values = step.gather(self._values(parts))
-        targets = critic_targets(self.algo.advantage, self._inputs(batch, old_values), self.params)
-        returns = targets.returns.detach()
-        mask = (batch.action_mask if targets.value_mask is None else targets.value_mask).bool()
-        metrics = {"critic/explained_variance": explained_variance(old_values, returns, mask)}
-        denominator = max(float(mask.sum()), 1.0)
-        slices = _token_slices(parts)
-        local_returns, local_mask, local_old = step.local(returns), step.local(mask), step.local(old_values)
-        losses, norms = [], []
-        for _ in range(k_critic):
-            self.critic_optim.zero_grad(set_to_none=True)
-            total = torch.zeros((), device=self.device)
-            with self._reduce_on_last(self.critic, len(parts)) as before_backward:
-                for i, (part, sl) in enumerate(zip(parts, slices, strict=True)):
-                    v = first if first is not None else token_values(self.critic, part).float()
-                    first = None
-                    loss, _ = value_loss(
-                        v, local_returns[sl], local_mask[sl], local_old[sl], ccfg.value_clip,
-                        denominator=denominator, with_metrics=False,
-                    )  # fmt: skip
-                    before_backward(i)
-                    loss.backward()
-                    total = total + loss.detach()
-            norm = _clip_grad_norm(self.critic_params, ccfg.grad_clip)
-            total = self.collective.sum(total)  # the whole batch's loss: the same skip decision everywhere
-            if finite_update(total, norm):
-                self.critic_optim.step()
-                self.critic_steps += 1
-            else:  # skipped: no stale NaN/Inf gradients left behind
-                self.critic_optim.zero_grad(set_to_none=True)
-                self.critic_skipped_steps += 1
-            norms.append(float(norm))
-            losses.append(float(total))
-        metrics.update(
-            {
-                "critic/value_loss": losses[0],
-                "critic/value_loss_last": losses[-1],
-                "critic/grad_norm": sum(norms) / len(norms),
-                "critic/grad_norm_max": max(norms),
-                "critic/lr": self.critic_optim.param_groups[0]["lr"],
-                "critic/value_mean": float(old_values[mask].mean()) if mask.any() else 0.0,
-                "critic/return_mean": float(returns[mask].mean()) if mask.any() else 0.0,
-            }
-        )
-        values = old_values
-        if ccfg.recompute_values:
-            values = step.gather(self._values(parts))
-            metrics["critic/explained_variance_after"] = explained_variance(values, returns, mask)
-        if self._capture is not None:
-            c = self._capture
-            c.values_before, c.values_after = _host(old_values), _host(values)
-            c.returns, c.value_mask = _host(returns), mask.cpu()
-        return values, metrics
-
     def _actor_phase(
         self, batch: Batch, step: StepShard, values: Tensor | None, policy_version: int
     ) -> tuple[dict[str, float], bool]:
         """Steps 4–6: policy advantages, one actor optimizer step over the micro-batches, the estimator's
         state update. Returns the metrics and whether the step was applied (False: skipped, non-finite)."""
-        algo = self.algo
-        parts = step.parts
-        action = batch.action_mask.bool()
         old_logprobs = None  # (T,) the whole batch's, from the no-grad forward
-        detached = algo.needs_old_logprobs and not self.old_logprob_forward  # π_old: this forward's, detached
+        detached = self.loss.reference == "old" and not self.old_logprob_forward  # π_old: this forward's
         if self.old_logprob_forward:
             with torch.no_grad():
-                old_logprobs = step.gather(torch.cat([self._logprobs(part, False)[0] for part in parts]))
+                old_logprobs = step.gather(torch.cat([self._logprobs(part, False)[0] for part in step.parts]))
             self.old_logprob_forwards += 1
         inputs = self._inputs(batch, values)
-        result = estimate_advantages(algo.advantage, inputs, self.params, self.adv_state)
-        advantages = step.local(result.advantages.detach())
+        result = self.estimator.advantages(inputs, self.adv_state)
         whole_reference = old_logprobs if self.loss.reference == "old" else batch.rollout_logprobs
         reference = None if detached else step.local(whole_reference)
-        positive = (batch.outcome_rewards > 0)[batch.seq_ids]
-        agg = algo.loss_agg
-        # whole-batch counts: the ranks' micro-batch losses add up to the batch's loss
-        den = self._denominator(batch, action, agg)
-        pos_den = self._denominator(batch, action & positive, agg)
-        positive = step.local(positive)
-        n_total = float(action.sum())
-        acc = _Accumulator()
-        fresh_logprobs, entropies = [], []
-        total = torch.zeros((), device=self.device)
         self.actor_optim.zero_grad(set_to_none=True)
-        with self._reduce_on_last(self.actor, len(parts)) as before_backward:
-            for i, (part, sl) in enumerate(zip(parts, _token_slices(parts), strict=True)):
-                lp, entropy = self._logprobs(part, True)
-                mask = part.action_mask
-                loss, loss_metrics = self.loss.fn(
-                    lp,
-                    lp.detach() if reference is None else reference[sl],
-                    advantages[sl],
-                    mask,
-                    algo.eps_low,
-                    algo.eps_high,
-                    agg,
-                    part.cu_seqlens,
-                    denominator=den,
-                )
-                loss_metrics = dict(loss_metrics)
-                if algo.nll_coef > 0:
-                    nll, nll_metrics = positive_nll_loss(
-                        lp, mask, positive[sl], agg, part.cu_seqlens, denominator=pos_den
-                    )
-                    loss = loss + algo.nll_coef * nll
-                    loss_metrics.update(nll_metrics)
-                before_backward(i)
-                loss.backward()
-                total = total + loss.detach()
-                fresh_logprobs.append(lp.detach())
-                if self._capture is not None:
-                    entropies.append(entropy.detach())
-                n_action = float(mask.sum())
-                # Part losses add up to the batch loss; scaled so the action-token-weighted mean is that sum.
-                scale = n_total / max(n_action, 1.0)
-                if algo.nll_coef > 0:
-                    loss_metrics["nll/loss"] = nll.detach() * scale
-                assert entropy is not None
-                loss_metrics["actor/entropy"] = (entropy.detach() * mask).sum() / max(n_action, 1.0)
-                loss_metrics["actor/loss"] = loss.detach() * scale
-                acc.add(loss_metrics, n_action)
-        norm = _clip_grad_norm(self.actor_params, self.optim.grad_clip)
+        acc, total, fresh, entropies = actor_backward(
+            self.loss, self._logprobs, batch, step, result.advantages, reference,
+            model=self.actor, gradient_sync=self.args.gradient_sync, keep_entropy=self._capture is not None,
+        )  # fmt: skip
+        norm = clip_grad_norm(self.actor_params, self.args.actor.grad_clip)
         grad_norm = float(norm)
         lr = self.actor_optim.param_groups[0]["lr"]
         applied = finite_update(self.collective.sum(total), norm)
-        divergence = None
-        fresh = step.gather(torch.cat(fresh_logprobs))  # (T,) the whole batch's, before the update
+        div = None
         if applied:
             self.actor_optim.step()
             if self.estimator.needs_divergence:  # π_old: the old-log-prob forward, else the pre-update one
-                before = old_logprobs if old_logprobs is not None else fresh
-                divergence = self._divergence(batch, before)
-            update_advantage_state(
-                algo.advantage, self.adv_state, replace(inputs, divergence=divergence), self.params
-            )
+                div = divergence(batch, old_logprobs if old_logprobs is not None else fresh)
+            self.estimator.update_state(self.adv_state, replace(inputs, divergence=div))
         else:  # skipped: weights, moments and the estimator's state untouched; no stale NaN/Inf gradients
             self.actor_optim.zero_grad(set_to_none=True)
         if self._capture is not None:
-            reference_all = fresh if detached else whole_reference
-            self._capture_actor(step, result.advantages, fresh, entropies, reference_all)
+            self._capture_actor(
+                step, result.advantages, fresh, entropies, fresh if detached else whole_reference
+            )
         metrics = acc.means(self.collective)
         # engine vs trainer log-probs on the tokens sampled at the weights this forward used (lag 0)
         metrics.update(lag0_mismatch_metrics(fresh, batch.rollout_logprobs, batch.versions, batch.action_mask,
                                              policy_version))  # fmt: skip
         metrics.update({k: float(v) for k, v in result.metrics.items()})
-        metrics.update(
-            {
-                "actor/grad_norm": grad_norm,
-                "actor/lr": lr,
-                "actor/old_logprob_forward": float(old_logprobs is not None),
-            }
-        )
-        if divergence is not None:
-            metrics[f"{algo.advantage}/divergence_mean"] = float(divergence.mean())  # spo/divergence_mean
+        metrics.update({"actor/grad_norm": grad_norm, "actor/lr": lr,
+                        "actor/old_logprob_forward": float(old_logprobs is not None)})  # fmt: skip
+        if div is not None:
+            metrics["adv/divergence_mean"] = float(div.mean())
         return metrics, applied
 
     def _capture_actor(
-        self,
-        step: StepShard,
-        advantages: Tensor,
-        fresh: Tensor,
-        entropies: list[Tensor],
-        reference: Tensor,
+        self, step: StepShard, advantages: Tensor, fresh: Tensor, entropies: list[Tensor], reference: Tensor
     ) -> None:
         """The actor phase's per-token quantities into the step's `StepCapture`, in whole-batch order
         (``entropies`` are this rank's micro-batches', ``fresh`` and ``reference`` the whole batch's)."""
@@ -615,26 +387,11 @@ class Trainer:
         assert c is not None
         logprobs = fresh.float()
         ref = reference.float()
-        c.advantages, c.logprobs = _host(advantages), _host(logprobs)
-        c.reference, c.entropy = _host(ref), _host(step.gather(torch.cat(entropies).float()))
-        if self.loss.token_state is not None:
-            state = self.loss.token_state(logprobs, ref, advantages, self.algo.eps_low, self.algo.eps_high)
+        c.advantages, c.logprobs = host(advantages), host(logprobs)
+        c.reference, c.entropy = host(ref), host(step.gather(torch.cat(entropies).float()))
+        state = self.loss.token_state(logprobs, ref, advantages)
+        if state is not None:
             c.token_state = state.to(torch.int8).cpu()
 
     def _logprobs(self, part: Batch, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
         return token_logprobs(self.actor, part, temperature=self.temperature, with_entropy=with_entropy)
-
-    @staticmethod
-    def _denominator(batch: Batch, mask: Tensor, agg: str) -> float:
-        """Whole-batch count the aggregation divides by: masked tokens, or trajectories with one."""
-        if agg == "token-mean":
-            return max(float(mask.sum()), 1.0)
-        return max(float((segment_count(mask, batch.seq_ids, batch.num_sequences) > 0).sum()), 1.0)
-
-    @staticmethod
-    def _divergence(batch: Batch, logprobs: Tensor) -> Tensor:
-        """``(B,)`` mean |log π − log π_rollout| over each trajectory's action tokens (SPO's D)."""
-        action = batch.action_mask.bool()
-        diff = torch.where(action, (logprobs - batch.rollout_logprobs).abs(), torch.zeros_like(logprobs))
-        counts = segment_count(action, batch.seq_ids, batch.num_sequences).clamp(min=1)
-        return segment_sum(diff, batch.seq_ids, batch.num_sequences) / counts
