@@ -87,7 +87,7 @@ def test_a_push_that_delivers_other_weights_stops_the_run_naming_the_replica_and
     run_dir = tmp_path / "run"
 
     def inject(run):  # the in-process sync now hands the engine a perturbed copy of the actor's weights
-        run.sync.inner.actor = _perturbed(run.actor)
+        run.sync.inner.actor = _perturbed(run.backend.actor)
 
     _, result, error = _play(_cfg(run_dir, "trainer.total_steps=4"), inject)
     assert isinstance(error, RunStopped) and result.steps == 1
@@ -105,7 +105,7 @@ def test_warn_mode_warns_once_and_trains_on(tmp_path, caplog):
     run_dir = tmp_path / "run"
 
     def inject(run):
-        run.sync.inner.actor = _perturbed(run.actor)
+        run.sync.inner.actor = _perturbed(run.backend.actor)
 
     with caplog.at_level(logging.WARNING, logger="sao.runtime.push_check"):
         _, result, error = _play(_cfg(run_dir, "runtime.push_check.action=warn"), inject)
@@ -133,7 +133,7 @@ def test_the_lag0_mismatch_is_logged_per_step_and_its_drift_stops_a_run_whose_pu
     assert first["mismatch/lag0_k3_kl"] < 1e-9 and "weight_sync/probe_failed" not in first
 
     def inject(run):
-        run.sync.inner.actor = _perturbed(run.actor)
+        run.sync.inner.actor = _perturbed(run.backend.actor)
 
     keys = ["runtime.push_check.action=none", "runtime.mismatch_drift.action=error",
             "runtime.mismatch_drift.window=1", "runtime.mismatch_drift.min_abs_diff=0.05",

@@ -92,7 +92,7 @@ def test_a_run_computing_in_bfloat16_keeps_float32_master_weights_and_pushes_the
         await run.start()
         try:
             await run.loop()
-            models = {"actor": run.actor, "critic": run.critic}
+            models = {"actor": run.backend.actor, "critic": run.backend.critic}
             engine_dtypes = {p.dtype for p in run.engine.engine.model.parameters()}
             optim_dtypes = {v.dtype for s in run.trainer.actor_optim.state.values() for v in s.values()
                             if torch.is_tensor(v) and v.dim() > 0}  # fmt: skip

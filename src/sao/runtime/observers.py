@@ -1,4 +1,5 @@
-"""Per-batch work of a run, each piece an explicit observer of the trained step (in the order listed):
+"""Per-batch work of a run, each piece an explicit observer of the trained step, run by `observe` in the
+order `sao.runtime.runner.Run` declares them:
 
 1. `WeightPush` — the new weights to the engine, without aborting in-flight episodes;
 2. `WeightChecks` (`sao.runtime.weight_checks`) — the push probe's per-replica log-prob differences and the
@@ -6,10 +7,12 @@
    episode starts between the push and the checkpoint in sync mode);
 3. `Books` — the staleness books and the episode sources learn that the batch was trained; runtime
    metrics (throughput, idle fractions, queue size, trajectory counts, policy version, gateway sessions);
-4. `MetricsLog` — the step's metrics to the sinks and the progress display; then the checks' verdict (a
+4. the `TrajectoryInspector` (``logging.inspect_every``, `sao.runtime.inspection`), then the `EpisodeLog`
+   (``logging.episodes``, `sao.runtime.run_logs`), when they are on;
+5. `MetricsLog` — the step's metrics to the sinks and the progress display; then the checks' verdict (a
    failed probe or a drift alarm with ``action: error`` stops the run, the failing step logged first);
-5. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
-6. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
+6. `Checkpoints` — every ``logging.checkpoint_every`` steps and at the last one;
+7. the evaluator (`sao.runtime.evaluation.TrainingEvaluator.on_step`), every ``logging.eval_every`` steps.
 
 An observer gets the `StepRecord` (step, version, trajectories, timings, metrics it may add to) and the
 run's shared objects from its constructor; none reads the config.
@@ -18,13 +21,13 @@ run's shared objects from its constructor; none reads the config.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sao.types import Batch, Trajectory
 
-__all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush"]
+__all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush", "observe"]
 
 
 @dataclass
@@ -43,6 +46,20 @@ class StepRecord:
 
 class StepObserver(Protocol):
     async def on_step(self, record: StepRecord) -> None: ...
+
+
+async def observe(observers: Sequence[StepObserver], books: StepObserver, record: StepRecord) -> None:
+    """Every observer, in order; if one fails, ``books`` (one of them) still learns of the trained batch
+    first, so the run's books balance whatever stopped it."""
+    done: list[StepObserver] = []
+    for observer in observers:
+        try:
+            await observer.on_step(record)
+        except BaseException:
+            if observer is not books and books not in done:
+                await books.on_step(record)
+            raise
+        done.append(observer)
 
 
 class WeightPush:

@@ -202,8 +202,6 @@ def build_figure(
     :func:`resolve_metrics_file`) before drawing anything.
     """
     from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
 
     data = [(_run_label(Path(run)), read_metrics(resolve_metrics_file(run))) for run in runs]
     ncols = 3
@@ -212,41 +210,13 @@ def build_figure(
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     handles: dict[str, Any] = {}
     for ax, panel in zip(axes, panels, strict=False):
-        names = _pick_metrics(panel, data)
-        used = list(dict.fromkeys(n for n in names if n is not None))
-        targets = {name: ax if j == 0 else ax.twinx() for j, name in enumerate(used)}
-        for i, ((label, series), name) in enumerate(zip(data, names, strict=True)):
-            if name is None:
-                continue
-            steps, values = series[name]
-            style = "-" if targets[name] is ax else "--"
-            (line,) = targets[name].plot(steps, smooth(values, window, kind), style, color=f"C{i}", lw=1.4)
-            handles.setdefault(label, line)
-        for name, target in targets.items():
-            target.set_ylabel(name if target is ax else f"{name} (dashed)", fontsize=8)
+        used = _draw_training(ax, panel, data, window, kind, handles)
         held_out = _draw_held_out(ax, panel, data)
         for i, line in held_out:
             handles.setdefault(data[i][0], line)  # a run with evaluations only
         if held_out:
-            if not used:
-                ax.set_ylabel(f"eval/{panel.held_out}", fontsize=8)
-            kinds = [Line2D([], [], color="gray", lw=1.4, label=name) for name in used]
-            by_label = {line.get_label(): line for _, line in held_out}
-            kinds += [
-                Line2D([], [], color="gray", ls=line.get_linestyle(), marker=line.get_marker(), label=text)
-                for text, line in sorted(by_label.items())
-            ]
-            ax.legend(handles=kinds, fontsize=7, loc="best")
-        ax.set_title(panel.title)
-        ax.set_xlabel("step")
-        if used or held_out:
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.grid(alpha=0.3)
-        else:
-            ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            ax.set_ylabel(" / ".join(panel.metrics), fontsize=7, color="gray")
+            _held_out_legend(ax, panel, used, held_out)
+        _finish_axes(ax, panel, has_data=bool(used or held_out))
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
     if handles:
@@ -260,6 +230,62 @@ def build_figure(
             title_fontsize=8,
         )
     return fig
+
+
+def _draw_training(
+    ax: Any,
+    panel: Panel,
+    data: Sequence[tuple[str, dict[str, Series]]],
+    window: int,
+    kind: Smoothing,
+    handles: dict[str, Any],
+) -> list[str]:
+    """The panel's training curves (smoothed, run colours; a second metric dashed on a right-hand axis);
+    adds each run's first line to ``handles``; returns the metrics drawn, left axis first."""
+    names = _pick_metrics(panel, data)
+    used = list(dict.fromkeys(n for n in names if n is not None))
+    targets = {name: ax if j == 0 else ax.twinx() for j, name in enumerate(used)}
+    for i, ((label, series), name) in enumerate(zip(data, names, strict=True)):
+        if name is None:
+            continue
+        steps, values = series[name]
+        style = "-" if targets[name] is ax else "--"
+        (line,) = targets[name].plot(steps, smooth(values, window, kind), style, color=f"C{i}", lw=1.4)
+        handles.setdefault(label, line)
+    for name, target in targets.items():
+        target.set_ylabel(name if target is ax else f"{name} (dashed)", fontsize=8)
+    return used
+
+
+def _held_out_legend(ax: Any, panel: Panel, used: list[str], held_out: list[tuple[int, Any]]) -> None:
+    """A legend telling the training metrics (solid gray) from each held-out curve style."""
+    from matplotlib.lines import Line2D
+
+    if not used:
+        ax.set_ylabel(f"eval/{panel.held_out}", fontsize=8)
+    kinds = [Line2D([], [], color="gray", lw=1.4, label=name) for name in used]
+    by_label = {line.get_label(): line for _, line in held_out}
+    kinds += [
+        Line2D([], [], color="gray", ls=line.get_linestyle(), marker=line.get_marker(), label=text)
+        for text, line in sorted(by_label.items())
+    ]
+    ax.legend(handles=kinds, fontsize=7, loc="best")
+
+
+def _finish_axes(ax: Any, panel: Panel, *, has_data: bool) -> None:
+    """Title and step axis; a panel without data says so, with the metric names it looked for."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(panel.title)
+    ax.set_xlabel("step")
+    if has_data:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+    else:
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes, ha="center", va="center", color="gray")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_ylabel(" / ".join(panel.metrics), fontsize=7, color="gray")
 
 
 def plot_runs(

@@ -4,8 +4,9 @@
 replicas all at once (LocalEngine actors, or actors running a vLLM / SGLang server for
 ``engine.backend=vllm|sglang``; each supervised: restarted with the latest weights when it dies) behind an
 `EnginePool`, the ``cluster.trainer_workers`` FSDP2 ranks of a `TrainerGroup`, and the `WeightSync` of
-``runtime.weight_sync``. The driver (`sao.runtime.runner.Run`) keeps everything else: prompts, producer,
-queue, staleness, metrics, checkpoint bookkeeping. `close` stops every actor and a cluster it started.
+``runtime.weight_sync``. `RayBackend` is the run's `sao.runtime.backend.Backend` over them: the driver
+(`sao.runtime.runner.Run`) keeps everything else: prompts, producer, queue, staleness, metrics, checkpoint
+bookkeeping. `close` stops every actor and a cluster it started.
 """
 
 from __future__ import annotations
@@ -18,11 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sao.config import ClusterConfig
+from rich.console import Console
+
+from sao.config import ConfigError
 from sao.config.schema import weight_sync_path
 from sao.engine.server_settings import ServerSettings
+from sao.types import Batch
 
-from .args import CriticArgs, EngineArgs, TrainerArgs
+from .args import ClusterArgs, ClusterSettings, CriticArgs, EngineArgs, TrainerArgs
+from .backend import EngineHooks, ModelDirs
 from .engine_guard import SupervisedEngine
 from .engine_pool import EnginePool, start_replicas
 from .engines import check_rope_scaling, server_settings
@@ -32,7 +37,7 @@ from .ray_server import launch_server_replica
 from .trainer_group import TrainerGroup, TrainerGroupArgs
 from .weight_sync import WeightSync, make_weight_sync, push_dtype
 
-__all__ = ["RayParts", "replica_starter"]
+__all__ = ["RayBackend", "RayParts", "replica_starter"]
 
 
 @dataclass
@@ -45,7 +50,7 @@ class RayParts:
     @classmethod
     async def open(
         cls,
-        cluster_cfg: ClusterConfig,
+        cluster_cfg: ClusterSettings,
         engine: EngineArgs,
         trainer: TrainerArgs,
         critic: CriticArgs,
@@ -71,34 +76,10 @@ class RayParts:
                 head_init=critic.head_init, push_dtype=pushed,
             )  # fmt: skip
             group = await asyncio.to_thread(TrainerGroup.create, cluster, group_args)
-
-            servers = engine.backend in ("vllm", "sglang")
-            restarts = run_dir / "weights" / "restart"
-
-            async def latest() -> tuple[Any, int]:
-                """The current weights for a restarted replica (a server reloads from a directory)."""
-                async with train_lock:
-                    v = version()
-                    if not servers:
-                        return group.full_state_ref(), v
-                    target = restarts / f"v{v:08d}"
-                    if not target.exists():
-                        await asyncio.to_thread(group.write_weights, target)
-                    return target, v
-
             gpus = {"engine_gpus": cluster_cfg.engine_gpus, "trainer_gpus": cluster_cfg.trainer_gpus}
             path = weight_sync_path(weight_sync, "ray", engine.backend, **gpus)
-            starts = [
-                server_starter(cluster, i, engine, actor_dir, cluster_cfg.start_timeout_s, path)
-                if servers
-                else replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
-                for i in range(cluster_cfg.engine_replicas)
-            ]
-            started = await start_replicas(starts)  # all at once; a failure names its replica
-            pool = EnginePool([
-                SupervisedEngine(e, start, latest, max_restarts=engine.max_restarts, on_failed=on_failed)
-                for e, start in zip(started, starts, strict=True)
-            ])  # fmt: skip
+            latest = _latest_weights(group, engine, run_dir, train_lock, version)
+            pool = await _engine_pool(cluster, engine, actor_dir, tokenizer_dir, path, latest, on_failed)
             backend = "nccl" if cluster_cfg.engine_gpus > 0 and cluster_cfg.trainer_gpus > 0 else "gloo"
             sync = make_weight_sync(path, group, pool, run_dir, backend, bucket_bytes=bucket_mb << 20)
             return cls(cluster, pool, group, sync)
@@ -115,6 +96,120 @@ class RayParts:
             await asyncio.to_thread(self.group.close)
         finally:
             await asyncio.to_thread(self.cluster.close)
+
+
+def _latest_weights(
+    group: TrainerGroup,
+    engine: EngineArgs,
+    run_dir: Path,
+    train_lock: asyncio.Lock,
+    version: Callable[[], int],
+) -> Callable[[], Awaitable[tuple[Any, int]]]:
+    """The current weights for a restarted replica (a server reloads them from a directory)."""
+    servers = engine.backend in ("vllm", "sglang")
+    restarts = run_dir / "weights" / "restart"
+
+    async def latest() -> tuple[Any, int]:
+        async with train_lock:
+            v = version()
+            if not servers:
+                return group.full_state_ref(), v
+            target = restarts / f"v{v:08d}"
+            if not target.exists():
+                await asyncio.to_thread(group.write_weights, target)
+            return target, v
+
+    return latest
+
+
+async def _engine_pool(
+    cluster: RayCluster, engine: EngineArgs, actor_dir: Path, tokenizer_dir: Path, sync_path: str,
+    latest: Callable[[], Awaitable[tuple[Any, int]]], on_failed: Callable[[BaseException], None],
+) -> EnginePool:  # fmt: skip
+    """``cluster.engine_replicas`` supervised replicas, started all at once (a failure names its replica)."""
+    servers = engine.backend in ("vllm", "sglang")
+    cfg = cluster.cfg
+    starts = [
+        server_starter(cluster, i, engine, actor_dir, cfg.start_timeout_s, sync_path)
+        if servers
+        else replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
+        for i in range(cfg.engine_replicas)
+    ]
+    started = await start_replicas(starts)
+    return EnginePool([
+        SupervisedEngine(e, start, latest, max_restarts=engine.max_restarts, on_failed=on_failed)
+        for e, start in zip(started, starts, strict=True)
+    ])  # fmt: skip
+
+
+class RayBackend:
+    """The `Backend` of ``runtime.backend=ray`` (`sao.runtime.backend`): the models live in the trainer
+    ranks, which exist from `start_engine` on (value pretraining runs on them)."""
+
+    trainer_threads = None  # the ranks set their own, from cluster.trainer_cpus
+
+    def __init__(
+        self,
+        cluster: ClusterArgs,
+        engine: EngineArgs,
+        trainer: TrainerArgs,
+        critic: CriticArgs,
+        run_dir: Path,
+    ) -> None:
+        self.cluster_args, self.engine_args, self.trainer_args = cluster, engine, trainer
+        self.critic_args, self.run_dir = critic, run_dir
+        self.parts: RayParts | None = None  # opened by `start_engine`
+
+    def load_models(self, dirs: ModelDirs) -> None:
+        """Nothing here: each rank loads its shard of ``dirs`` when `start_engine` starts it."""
+
+    async def start_engine(self, dirs: ModelDirs, tokenizer: Any, hooks: EngineHooks) -> EnginePool:
+        c = self.cluster_args
+        self.parts = await RayParts.open(
+            c.cluster, self.engine_args, self.trainer_args, self.critic_args,
+            actor_dir=dirs.actor, critic_dir=dirs.critic, tokenizer_dir=dirs.base, run_dir=self.run_dir,
+            weight_sync=c.weight_sync, bucket_mb=c.weight_bucket_mb, on_failed=hooks.on_failed,
+            train_lock=hooks.train_lock, version=hooks.version,
+        )  # fmt: skip
+        return self.parts.pool
+
+    @property
+    def group(self) -> TrainerGroup:
+        assert self.parts is not None, "start_engine first"
+        return self.parts.group
+
+    def pretrain_value(self, corpus: list[Any], options: Any, console: Console) -> Any:
+        """Every rank trains on the whole corpus: the single-process update."""
+        return self.group.pretrain_value(corpus, options)
+
+    def trainer_and_sync(self) -> tuple[Any, WeightSync]:
+        assert self.parts is not None, "start_engine first"
+        return self.parts.group, self.parts.sync
+
+    def scorer(self) -> Callable[[list[int]], list[float]]:
+        return self.group.score
+
+    def restore_weights(self, checkpoint: Path) -> None:
+        """The ranks load the DCP shards (resharded to this run's world size)."""
+        from sao.train.dcp import has_sharded
+
+        if not has_sharded(checkpoint):
+            raise ConfigError(
+                f"runtime.backend: {str(checkpoint)!r} was written by the local runtime (no dcp/ "
+                "shards); resume it with runtime.backend=local"
+            )
+        self.group.load(checkpoint)
+
+    def train_step(self, batch: Batch, **kwargs: Any) -> dict[str, float]:
+        return self.group.train_step(batch, **kwargs)
+
+    def checkpoint_models(self) -> dict[str, Any]:
+        """Every rank writes its DCP shard, rank 0 the full HF directories."""
+        return {"write_models": self.group.save, "has_critic": self.group.uses_critic}
+
+    async def close(self) -> None:
+        if self.parts is not None:
+            await self.parts.close()
 
 
 def replica_server_settings(engine: EngineArgs, model_dir: Path, sync_path: str) -> ServerSettings:
