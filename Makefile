@@ -132,6 +132,13 @@ format: install
 	$(BIN)/ruff check --fix src tests benchmarks examples
 	$(BIN)/ruff format src tests benchmarks examples
 
+# The config key reference, generated from the schema (`sao config --reference`); rerun after a schema change.
+.PHONY: docs-reference
+docs-reference: $(VENV)/.installed
+	mkdir -p docs/reference
+	$(BIN)/sao config --reference > docs/reference/config.md.tmp
+	mv docs/reference/config.md.tmp docs/reference/config.md
+
 # The default suite (CI): everything but the tests marked slow; `make test-slow` runs those.
 test: lint
 	$(BIN)/python -m pytest -q -m "not slow"

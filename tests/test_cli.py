@@ -30,11 +30,12 @@ def test_help_lists_subcommands() -> None:
 
 
 def test_config_prints_resolved_yaml_with_override() -> None:
-    result = runner.invoke(app, ["config", QUICKSTART, "algo=grpo_dis", "algo.eps_high=2.5"])
+    result = runner.invoke(app, ["config", QUICKSTART, "algo=grpo_dis", "algo.loss.eps_high=2.5"])
     assert result.exit_code == 0, result.output
     printed = yaml.safe_load(result.stdout)
     assert printed["algo"]["preset"] == "grpo_dis"
-    assert printed["algo"]["eps_high"] == 2.5
+    assert printed["algo"]["loss"]["eps_high"] == 2.5
+    assert printed["algo"]["loss"]["type"] == "dis"  # the preset's loss, its band edge overridden
     assert printed["algo"]["group_size"] == 8
     assert printed["model"]["path"] == "runs/quickstart/sft"  # the file's own values stay
 
@@ -46,9 +47,16 @@ def test_config_accepts_overrides_without_a_file() -> None:
 
 
 def test_config_bad_override_exits_2_naming_the_key() -> None:
+    result = runner.invoke(app, ["config", QUICKSTART, "algo.loss.eps_low=1.5"])
+    assert result.exit_code == 2
+    assert "algo.loss.eps_low" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_config_flat_algo_key_exits_2_with_its_new_spelling() -> None:
     result = runner.invoke(app, ["config", QUICKSTART, "algo.eps_low=1.5"])
     assert result.exit_code == 2
-    assert "algo.eps_low" in result.stderr
+    assert "write algo.loss.eps_low=1.5" in result.stderr
     assert "Traceback" not in result.output
 
 

@@ -16,6 +16,8 @@ from sao.config import ConfigError, RunConfig, load_config
 app = typer.Typer(
     name="sao",
     help="Single-Rollout Asynchronous Optimization: asynchronous, agentic RL for LLMs.",
+    epilog="Config keys: sao config --explain [KEY]. Algorithm presets: sao presets. Guides and the key "
+    "reference: docs/ (docs/reference/config.md).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -3,27 +3,61 @@
 from __future__ import annotations
 
 import sys
+from typing import Annotated
 
 import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from sao.cli.common import ConfigArgs, _config_from_args, _stdout, app
-from sao.config import AlgoConfig, CriticConfig, dump_config
+from sao.cli.common import ConfigArgs, _config_from_args, _fail, _stdout, app
+from sao.config import AlgoConfig, CriticConfig, RunConfig, dump_config
 from sao.presets import PRESET_DESCRIPTIONS, PRESETS
 
 
 @app.command("config")
 def config_command(
     args: ConfigArgs = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="Explain every key (or those under one KEY, a word without '='): type, default, description "
+            "and the value this config gives it, e.g. `sao config --explain algo algo=grpo`.",
+        ),
+    ] = False,
+    reference: Annotated[
+        bool, typer.Option("--reference", help="Print the Markdown reference of every key (docs/reference).")
+    ] = False,
 ) -> None:
     """Load and validate a config, then print it fully resolved (defaults, preset, file, overrides)."""
+    if explain or reference:
+        _explain_or_reference(args or [], explain, reference)
+        return
     cfg = _config_from_args(args)
     text = dump_config(cfg)
     if sys.stdout.isatty():
         _stdout().print(Syntax(text, "yaml", background_color="default"))
     else:
         typer.echo(text, nl=False)
+
+
+def _explain_or_reference(args: list[str], explain: bool, reference: bool) -> None:
+    from sao.cli.config_docs import describe
+    from sao.cli.explain import explain as explain_tree
+    from sao.cli.explain import print_explain, reference_markdown
+
+    if explain and reference:
+        raise _fail("error: --explain and --reference: choose one")
+    if reference:
+        if args:
+            raise _fail(f"error: --reference takes no arguments (it prints the schema), got {args[0]!r}")
+        typer.echo(reference_markdown(describe(RunConfig)), nl=False)
+        return
+    try:
+        root, origin = explain_tree(args)
+    except ValueError as err:  # ConfigError, an unknown KEY, two files
+        raise _fail(f"error: {err}") from None
+    print_explain(root, _stdout(), origin)
 
 
 @app.command("presets")
@@ -38,9 +72,9 @@ def presets_command() -> None:
         freeze = CriticConfig(**preset.get("critic", {})).freeze
         table.add_row(
             name,
-            algo.advantage,
-            algo.policy_loss,
-            f"{algo.eps_low}/{algo.eps_high}",
+            algo.advantage.type,
+            algo.loss.type,
+            f"{getattr(algo.loss, 'eps_low', '-')}/{getattr(algo.loss, 'eps_high', '-')}",
             str(algo.k_critic) if algo.uses_critic else "-",
             str(freeze) if algo.uses_critic else "-",
             str(algo.group_size),
