@@ -12,7 +12,7 @@ import pytest
 from pydantic import BaseModel
 
 from sao.config import ConfigError, RunConfig, load_config
-from sao.runtime.build import FACTORIES, READ_AT_LOAD, REFUSED_AT_LOAD
+from sao.runtime.factories import FACTORIES, READ_AT_LOAD, REFUSED_AT_LOAD
 
 BASE = ["model.tiny_arch=qwen3_moe"]
 
@@ -245,7 +245,8 @@ def test_a_key_added_to_the_schema_and_read_nowhere_fails_the_rule():
 
 
 def test_a_malformed_task_file_is_a_config_error_naming_the_key_file_and_line(tmp_path):
-    from sao.runtime.build import build_tasks, task_args
+    from sao.runtime.build import build_tasks
+    from sao.runtime.factory_args import task_args
 
     bad = tmp_path / "tasks.jsonl"
     bad.write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": "2+2" "answer": "4"}\n')

@@ -305,6 +305,7 @@ class GatewayArgs:
     group_size: int
     rules: SessionRules
     verifier_timeout_s: float | None
+    model_name: str = "sao"  # the run's name: the model name agents see in the API
 
 
 @dataclass(frozen=True)

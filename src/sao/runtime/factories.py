@@ -162,10 +162,10 @@ FACTORIES: dict[str, Factory] = {
                        (*_CLUSTER, "runtime.weight_sync", "runtime.weight_bucket_mb"),
                        "the Ray runtime: cluster, engine replicas, trainer ranks, weight sync "
                        "(sao.runtime.ray_backend.RayParts)"),
-    "gateway": Factory(gateway_args, ("data", "gateway", "engine", "algo"),
+    "gateway": Factory(gateway_args, ("data", "gateway", "engine", "algo", "name"),
                        ("data.source", *_GATEWAY, "data.max_total_tokens", "data.max_turns",
                         "data.env_timeout_s", "engine.temperature", "engine.top_p", "engine.top_k",
-                        "engine.max_new_tokens", "algo.group_size"),
+                        "engine.max_new_tokens", "algo.group_size", "name"),
                        "episodes from external agents: the run's OpenAI-compatible server, admission, "
                        "session rules, verifier (sao.runtime.gateway_run)"),
     "loop": Factory(loop_args, ("trainer", "runtime"),

@@ -247,7 +247,7 @@ def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:
 
 
 def gateway_args(
-    data: DataConfig, gateway: GatewayConfig, engine: EngineConfig, algo: AlgoConfig
+    data: DataConfig, gateway: GatewayConfig, engine: EngineConfig, algo: AlgoConfig, name: str
 ) -> GatewayArgs:
     from sao.serve.hooks import SessionRules
 
@@ -260,7 +260,7 @@ def gateway_args(
         g.host, g.port, g.admission, g.admission_timeout_s, g.max_sessions, g.session_idle_timeout_s,
         g.max_body_bytes, g.max_pending, g.retry_after_s,
     )  # fmt: skip
-    return GatewayArgs(data.source, settings, algo.group_size, rules, data.env_timeout_s)
+    return GatewayArgs(data.source, settings, algo.group_size, rules, data.env_timeout_s, name)
 
 
 def loop_args(trainer: TrainerConfig, runtime: RuntimeConfig) -> LoopArgs:

@@ -318,7 +318,7 @@ class RunSetup:
         assert self.gateway_source is not None and self.env_factory is not None
         self.gateway = await serve_gateway(
             self.parts.gateway, self.engine, self.tokenizer, self.gateway_source, self.env_factory,
-            self.tasks, self.run_dir, self.cfg.name, self.console,
+            self.tasks, self.run_dir, self.parts.gateway.model_name, self.console,
         )  # fmt: skip
 
     async def _pretrain_critic(self) -> dict[str, float]:
