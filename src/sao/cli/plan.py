@@ -16,23 +16,20 @@ from typing import Annotated, Any
 import typer
 
 from sao.cli.common import ConfigArgs, _config_from_args, _fail, _stdout, app
+from sao.cli.plan_throughput import Scenario, Simulation, report_throughput
 from sao.config import ConfigError, RunConfig
 from sao.plan import (
     EmpiricalWorkload,
     EngineCosts,
     Layout,
     ParametricWorkload,
-    PlanResult,
     StageCosts,
     TrainerCosts,
     Workload,
-    best_split,
     budget_workload,
     calibrate,
     config_inputs,
     parse_dist,
-    simulate,
-    summarize,
 )
 from sao.plan.calibrate import CalibrationError
 from sao.plan.costs import CostsError
@@ -48,6 +45,52 @@ NO_COSTS = (
 Opt = typer.Option
 _ENGINE_KEYS = ("t0_s", "t1_s", "c_s", "p_s")
 _TRAINER_KEYS = ("a_s", "b_s", "scaling_eff", "critic_step_factor")
+
+# The options whose help does not fit on the signature's line.
+_CalibrateDir = Annotated[Path | None, Opt("--calibrate", help="Fit stage constants from RUN_DIR.")]
+_CalibrationOut = Annotated[
+    Path | None, Opt("--out", help="With --calibrate: write the calibration JSON here.")
+]
+_GenTokens = Annotated[
+    str | None, Opt(help="Generated tokens per turn, e.g. 'lognormal:median=800,sigma=0.7'.")
+]
+_EnvSeconds = Annotated[
+    str | None, Opt(help="Env seconds per turn, e.g. 'lognormal:median=2,sigma=1,max=60'.")
+]
+_PrefixCache = Annotated[
+    bool | None,
+    Opt(
+        "--prefix-cache/--no-prefix-cache",
+        help="Engines keep an episode's earlier turns' KV (a turn prefills only its new tokens); "
+        "default: the config's engine (sao's engines keep it unless engine.prefix_caching is off).",
+    ),
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class _CostFlags:
+    """Explicit stage constants (`StageCosts` field names); None: not given."""
+
+    t0_s: float | None
+    t1_s: float | None
+    c_s: float | None
+    p_s: float | None
+    a_s: float | None
+    b_s: float | None
+    scaling_eff: float | None
+    critic_step_factor: float | None
+    push_s: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _WorkloadSpecs:
+    """Parametric workload distributions (`parse_dist` specs); None: not given."""
+
+    turns: str | None
+    gen_tokens: str | None
+    obs_tokens: str | None
+    prompt_tokens: str | None
+    env_s: str | None
 
 
 def resource_plan(cfg: RunConfig) -> tuple[Any, Any] | None:
@@ -70,7 +113,7 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _costs(
-    calibration: Path | None, profile: str | None, flags: dict[str, float | None], critic_steps: int
+    calibration: Path | None, profile: str | None, flags: _CostFlags, critic_steps: int
 ) -> StageCosts | None:
     """Stage constants: a calibration file or a profile, then explicit flags on top (explicit trainer a/b
     are for one worker); None when nothing is given."""
@@ -81,7 +124,7 @@ def _costs(
         from sao.plan.peers import profile_costs
 
         base = profile_costs(profile)
-    given = {k: v for k, v in flags.items() if v is not None}
+    given = {k: v for k, v in dataclasses.asdict(flags).items() if v is not None}
     if base is None and not given:
         return None
     if base is None:
@@ -98,13 +141,11 @@ def _costs(
     return dataclasses.replace(base, engine=engine, trainer=trainer, push_s=given.get("push_s", base.push_s))
 
 
-def _workload(
-    run_dir: Path | None, specs: dict[str, str | None], inputs: ConfigInputs, cfg: RunConfig
-) -> Workload:
+def _workload(run_dir: Path | None, specs: _WorkloadSpecs, inputs: ConfigInputs, cfg: RunConfig) -> Workload:
     """Recorded episodes, parametric flags, the config's own run directory, else the budget bound."""
     if run_dir is not None:
         return EmpiricalWorkload.from_run_dir(run_dir)
-    given = {k: parse_dist(v) for k, v in specs.items() if v is not None}
+    given = {k: parse_dist(v) for k, v in dataclasses.asdict(specs).items() if v is not None}
     if given:
         return ParametricWorkload(
             **given,
@@ -138,24 +179,16 @@ def _calibrate_only(run_dir: Path, out: Path | None, as_json: bool) -> None:
 @app.command("plan")
 def plan_command(
     args: ConfigArgs = None,
-    calibrate_dir: Annotated[
-        Path | None, Opt("--calibrate", help="Fit stage constants from RUN_DIR.")
-    ] = None,
-    out: Annotated[
-        Path | None, Opt("--out", help="With --calibrate: write the calibration JSON here.")
-    ] = None,
+    calibrate_dir: _CalibrateDir = None,
+    out: _CalibrationOut = None,
     calibration: Annotated[Path | None, Opt("--calibration", help="Calibration JSON to use.")] = None,
     profile: Annotated[str | None, Opt("--profile", help="Named profile of stage constants (docs).")] = None,
     workload_dir: Annotated[Path | None, Opt("--workload", help="Resample RUN_DIR/episodes.jsonl.")] = None,
     turns: Annotated[str | None, Opt(help="Turns per episode, e.g. 'power:alpha=1.5,max=50'.")] = None,
-    gen_tokens: Annotated[
-        str | None, Opt(help="Generated tokens per turn, e.g. 'lognormal:median=800,sigma=0.7'.")
-    ] = None,
+    gen_tokens: _GenTokens = None,
     obs_tokens: Annotated[str | None, Opt(help="Observation tokens per turn.")] = None,
     prompt_tokens: Annotated[str | None, Opt(help="Prompt tokens.")] = None,
-    env_s: Annotated[
-        str | None, Opt(help="Env seconds per turn, e.g. 'lognormal:median=2,sigma=1,max=60'.")
-    ] = None,
+    env_s: _EnvSeconds = None,
     engine_t0: Annotated[float | None, Opt(help="Engine seconds per step.")] = None,
     engine_t1: Annotated[float | None, Opt(help="Engine seconds per sequence per step.")] = None,
     engine_c: Annotated[float | None, Opt(help="Engine seconds per context token per step.")] = None,
@@ -172,14 +205,7 @@ def plan_command(
     gpus_per_trainer: Annotated[float | None, Opt(help="GPUs per trainer worker.")] = None,
     mode: Annotated[str, Opt(help="sync, async or both.")] = "both",
     colocated: Annotated[bool, Opt(help="Sync mode on one pool time-shared by engines and trainer.")] = False,
-    prefix_cache: Annotated[
-        bool | None,
-        Opt(
-            "--prefix-cache/--no-prefix-cache",
-            help="Engines keep an episode's earlier turns' KV (a turn prefills only its new tokens); "
-            "default: the config's engine (sao's engines keep it unless engine.prefix_caching is off).",
-        ),
-    ] = None,
+    prefix_cache: _PrefixCache = None,
     steps: Annotated[int, Opt(help="Trainer steps simulated.")] = 12,
     warmup: Annotated[int, Opt(help="Steps left out of the measurement.")] = 2,
     seed: Annotated[int, Opt(help="Workload sampling seed.")] = 0,
@@ -191,36 +217,61 @@ def plan_command(
         _calibrate_only(calibrate_dir, out, as_json)
         return
     cfg = _config_from_args(args)
+    _check_mode(mode, colocated)
+    resources, resources_error = _try_resource_plan(cfg)
+    inputs = _with_prefix_cache(config_inputs(cfg), prefix_cache)
+    engine_flags = (engine_t0, engine_t1, engine_c, engine_p)
+    trainer_flags = (trainer_a, trainer_b, trainer_eff, critic_step_factor)
+    flags = _CostFlags(*engine_flags, *trainer_flags, push_s)
+    specs = _WorkloadSpecs(turns, gen_tokens, obs_tokens, prompt_tokens, env_s)
+    sizes = (engines, trainers, gpus_per_engine, gpus_per_trainer)
+    costs, scenario = _model_inputs(cfg, inputs, calibration, profile, flags, workload_dir, specs, sizes)
+    report = _start_report((args or [None])[0], resources, resources_error, as_json)
+    if costs is None:
+        _report_no_costs(report, as_json)
+        return
+    simulation = Simulation(mode, colocated, gpus, steps, warmup, seed, stride)
+    report_throughput(report, costs, scenario, simulation, as_json)
+
+
+def _check_mode(mode: str, colocated: bool) -> None:
+    """Exit 2 unless ``mode`` is sync, async or both, and ``colocated`` goes with a sync mode."""
     if mode not in ("sync", "async", "both"):
         raise _fail(f"error: --mode: must be sync, async or both, got {mode!r}")
     if colocated and mode == "async":
         raise _fail("error: --colocated time-shares the GPUs: it applies to sync mode only")
+
+
+def _try_resource_plan(cfg: RunConfig) -> tuple[tuple[Any, Any] | None, str | None]:
+    """``(resource_plan(cfg), None)``, or ``(None, the error)`` when the plan cannot be made (e.g. model.path
+    not written yet): the throughput model still runs."""
     try:
-        resources, resources_error = resource_plan(cfg), None
-    except (ConfigError, ValueError) as err:  # e.g. model.path not written yet: the model below still runs
-        resources, resources_error = None, str(err)
-    inputs = config_inputs(cfg)
-    if prefix_cache is not None:
-        policy = dataclasses.replace(inputs.policy, prefix_cache=prefix_cache)
-        inputs = dataclasses.replace(inputs, policy=policy)
-    flags = {
-        "t0_s": engine_t0,
-        "t1_s": engine_t1,
-        "c_s": engine_c,
-        "p_s": engine_p,
-        "a_s": trainer_a,
-        "b_s": trainer_b,
-        "scaling_eff": trainer_eff,
-        "critic_step_factor": critic_step_factor,
-        "push_s": push_s,
-    }
-    specs = {
-        "turns": turns,
-        "gen_tokens": gen_tokens,
-        "obs_tokens": obs_tokens,
-        "prompt_tokens": prompt_tokens,
-        "env_s": env_s,
-    }
+        return resource_plan(cfg), None
+    except (ConfigError, ValueError) as err:
+        return None, str(err)
+
+
+def _with_prefix_cache(inputs: ConfigInputs, prefix_cache: bool | None) -> ConfigInputs:
+    """``inputs`` with ``--prefix-cache/--no-prefix-cache`` applied to its policy (None: the config's)."""
+    if prefix_cache is None:
+        return inputs
+    policy = dataclasses.replace(inputs.policy, prefix_cache=prefix_cache)
+    return dataclasses.replace(inputs, policy=policy)
+
+
+def _model_inputs(
+    cfg: RunConfig,
+    inputs: ConfigInputs,
+    calibration: Path | None,
+    profile: str | None,
+    flags: _CostFlags,
+    workload_dir: Path | None,
+    specs: _WorkloadSpecs,
+    sizes: tuple[int | None, int | None, float | None, float | None],
+) -> tuple[StageCosts | None, Scenario]:
+    """Stage constants, workload and layout (``sizes``: engines, trainers, GPUs per engine and per trainer;
+    None: the config's); exits 2 with the error when one is invalid."""
+    engines, trainers, gpus_per_engine, gpus_per_trainer = sizes
     try:
         costs = _costs(calibration, profile, flags, inputs.critic_steps)
         workload = _workload(workload_dir, specs, inputs, cfg)
@@ -233,7 +284,15 @@ def plan_command(
         )
     except (CostsError, WorkloadError, ValueError) as err:
         raise _fail(f"error: {err}") from None
-    report: dict[str, Any] = {"config": (args or [None])[0], "resource_plan": None, "throughput": None}
+    return costs, Scenario(workload, layout, inputs.policy)
+
+
+def _start_report(
+    config: str | None, resources: tuple[Any, Any] | None, resources_error: str | None, as_json: bool
+) -> dict[str, Any]:
+    """The JSON report with its resource plan (or the error that prevented it); without ``--json`` the plan
+    (or the reason it was skipped) is printed now."""
+    report: dict[str, Any] = {"config": config, "resource_plan": None, "throughput": None}
     if resources is not None:
         report["resource_plan"] = _jsonable(resources[0])
     if resources_error is not None:
@@ -245,101 +304,13 @@ def plan_command(
         console.print(
             f"resource plan skipped: {resources_error}", style="yellow", highlight=False, markup=False
         )
-    if costs is None:
-        report["note"] = NO_COSTS
-        if as_json:
-            typer.echo(json.dumps(report, indent=2))
-        else:
-            console.print(NO_COSTS, style="yellow", highlight=False)
-        return
-    try:
-        results, split = _simulate_all(
-            workload,
-            costs,
-            layout,
-            inputs,
-            mode,
-            colocated,
-            gpus,
-            {"steps": steps, "warmup_steps": warmup, "seed": seed},
-            stride,
-        )
-    except ValueError as err:
-        raise _fail(f"error: {err}") from None
-    summary = summarize(workload, seed=seed)
-    ratio = (
-        results["async"].trajectories_per_s / results["sync"].trajectories_per_s
-        if {"sync", "async"} <= results.keys()
-        else None
-    )
-    report["throughput"] = {
-        "layout": dataclasses.asdict(layout),
-        "policy": dataclasses.asdict(inputs.policy),
-        "workload": {"description": workload.describe(), **dataclasses.asdict(summary)},
-        "costs": costs.to_json(),
-        "results": {name: r.to_dict() for name, r in results.items()},
-        "async_over_sync": ratio,
-        "best_split": None
-        if split is None
-        else {
-            "gpus": split.gpus,
-            "best": split.best.to_dict(series=False),
-            "colocated_sync": split.colocated_sync.to_dict(series=False),
-            "speedup": split.speedup,
-            "candidates": [r.to_dict(series=False) for r in split.candidates],
-        },
-    }
+    return report
+
+
+def _report_no_costs(report: dict[str, Any], as_json: bool) -> None:
+    """Without stage constants there is no throughput: say which flags give them."""
+    report["note"] = NO_COSTS
     if as_json:
         typer.echo(json.dumps(report, indent=2))
-        return
-    from sao.plan.report import costs_table, layout_table, results_table, split_table, workload_table
-
-    for table in (
-        layout_table(layout, inputs.policy),
-        workload_table(workload.describe(), summary),
-        costs_table(costs),
-        results_table(results),
-    ):
-        console.print(table)
-    if ratio is not None:
-        console.print(f"async / sync: {ratio:.2f}x trained trajectories per hour", highlight=False)
-    if split is not None:
-        console.print(split_table(split))
-        console.print(f"best split over colocated sync: {split.speedup:.2f}x", highlight=False)
-
-
-def _simulate_all(
-    workload: Workload,
-    costs: StageCosts,
-    layout: Layout,
-    inputs: ConfigInputs,
-    mode: str,
-    colocated: bool,
-    gpus: int | None,
-    run: dict[str, int],
-    stride: int,
-) -> tuple[dict[str, PlanResult], Any]:
-    policy = inputs.policy
-    results: dict[str, PlanResult] = {}
-    if mode in ("sync", "both"):
-        sync_layout = (
-            Layout.colocated_pool(gpus or int(layout.gpus), layout.gpus_per_engine, layout.gpus_per_trainer)
-            if colocated
-            else layout
-        )
-        results["sync"] = simulate(workload, costs, sync_layout, policy.with_mode("sync"), **run)
-    if mode in ("async", "both"):
-        results["async"] = simulate(workload, costs, layout, policy.with_mode("async"), **run)
-    split = None
-    if gpus is not None:
-        split = best_split(
-            workload,
-            costs,
-            policy,
-            gpus,
-            gpus_per_engine=layout.gpus_per_engine,
-            gpus_per_trainer=layout.gpus_per_trainer,
-            stride=stride,
-            **run,
-        )
-    return results, split
+    else:
+        _stdout().print(NO_COSTS, style="yellow", highlight=False)

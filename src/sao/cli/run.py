@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from sao.cli.common import ConfigArgs, _config_from_args, _fail, _quiet_transformers, _stdout, app
 from sao.serve.limits import GatewayLimits
+
+if TYPE_CHECKING:
+    from sao.eval import EvalSettings
 
 
 @app.command("serve")
@@ -62,11 +65,29 @@ def serve_command(
     flight, context (see the options)."""
     import uvicorn
 
+    _quiet_transformers()
+    engine, tokenizer = _serving_engine(model, backend, device, dtype, max_running, attach, engine_python)
+    limits = GatewayLimits(
+        max_sessions, session_idle_timeout, max_body_bytes, max_pending, retry_after, max_context_tokens
+    )
+    app_ = _gateway_app(engine, tokenizer, model, max_tokens, out, limits)
+    typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
+    uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+def _serving_engine(
+    model: str,
+    backend: str,
+    device: str,
+    dtype: str,
+    max_running: int,
+    attach: str | None,
+    engine_python: str | None,
+) -> tuple[Any, Any]:
+    """``(engine, tokenizer)`` of `sao serve`; exits 2 on an unknown backend, 1 when loading fails."""
     from sao.engine.local import LocalEngine
     from sao.models.loading import load_tokenizer
-    from sao.serve.gateway import create_app
 
-    _quiet_transformers()
     if backend not in ("local", "vllm", "sglang"):
         raise _fail(f"error: --backend: must be local, vllm or sglang, got {backend!r}")
     try:
@@ -77,22 +98,29 @@ def serve_command(
             engine = asyncio.run(_remote_engine(backend, model, attach, engine_python))
     except (OSError, ValueError, RuntimeError, TimeoutError) as err:
         raise _fail(f"error: {err}", code=1) from None
-    app_ = create_app(
+    return engine, tokenizer
+
+
+def _gateway_app(
+    engine: Any, tokenizer: Any, model: str, max_tokens: int, out: str | None, limits: GatewayLimits
+) -> Any:
+    """The gateway app of `sao serve`: it owns ``engine`` and closes it on shutdown."""
+    from sao.serve.gateway import create_app
+
+    return create_app(
         engine,
         tokenizer,
         model_name=Path(model).name,
         default_max_tokens=max_tokens,
         output_path=out,
         own_engine=True,
-        max_sessions=max_sessions,
-        session_idle_timeout_s=session_idle_timeout,
-        max_body_bytes=max_body_bytes,
-        max_pending=max_pending,
-        retry_after_s=retry_after,
-        max_context_tokens=max_context_tokens,
+        max_sessions=limits.max_sessions,
+        session_idle_timeout_s=limits.session_idle_timeout_s,
+        max_body_bytes=limits.max_body_bytes,
+        max_pending=limits.max_pending,
+        retry_after_s=limits.retry_after_s,
+        max_context_tokens=limits.max_context_tokens,
     )
-    typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
-    uvicorn.run(app_, host=host, port=port, log_level="warning")
 
 
 async def _remote_engine(backend: str, model: str, attach: str | None, python: str | None) -> Any:
@@ -136,34 +164,55 @@ def eval_command(
 ) -> None:
     """Evaluate a checkpoint: every task k times through the agent loop; Pass@1 (mean over the k samples)
     and pass@k per task file and overall."""
-    from sao.eval import EvalSettings, run_eval, write_report
+    from sao.eval import run_eval, write_report
 
     _quiet_transformers()
-    paths = [p.strip() for value in tasks for p in value.split(",") if p.strip()]
-    for path in paths:
-        if not Path(path).is_file():
-            raise _fail(f"error: --tasks: {path!r} is not a file")
-    try:
-        settings = EvalSettings(
-            k=k,
-            seed=seed,
-            temperature=temperature,
-            top_p=top_p,
-            max_turns=max_turns,
-            max_tokens_per_turn=max_tokens_per_turn,
-            max_total_tokens=max_total_tokens,
-            concurrency=concurrency,
-            env=env,
-            limit=limit,
-            transcripts=transcripts,
-        )
-    except ValueError as err:
-        raise _fail(f"error: {err}") from None
+    paths = _task_files(tasks)
+    settings = _eval_settings(
+        k=k,
+        seed=seed,
+        temperature=temperature,
+        top_p=top_p,
+        max_turns=max_turns,
+        max_tokens_per_turn=max_tokens_per_turn,
+        max_total_tokens=max_total_tokens,
+        concurrency=concurrency,
+        env=env,
+        limit=limit,
+        transcripts=transcripts,
+    )
     try:
         report = run_eval(model, paths, settings, device=device, dtype=dtype)
     except (OSError, ValueError) as err:  # EnvError is a ValueError
         raise _fail(f"error: {err}", code=1) from None
-    table = Table(title=f"{Path(model).name}: k={k}, temperature {temperature}, top-p {top_p}, seed {seed}")
+    title = f"{Path(model).name}: k={k}, temperature {temperature}, top-p {top_p}, seed {seed}"
+    _stdout().print(_eval_table(report, title, k))
+    if out:
+        typer.echo(f"wrote {write_report(report, out)}")
+
+
+def _task_files(tasks: list[str]) -> list[str]:
+    """The ``--tasks`` values as file paths (commas split a value); exits 2 naming one that is not a file."""
+    paths = [p.strip() for value in tasks for p in value.split(",") if p.strip()]
+    for path in paths:
+        if not Path(path).is_file():
+            raise _fail(f"error: --tasks: {path!r} is not a file")
+    return paths
+
+
+def _eval_settings(**options: Any) -> EvalSettings:
+    """`sao.eval.EvalSettings` of the options; exits 2 with its error when it refuses them."""
+    from sao.eval import EvalSettings
+
+    try:
+        return EvalSettings(**options)
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+
+
+def _eval_table(report: dict[str, Any], title: str, k: int) -> Table:
+    """One row per task file, then the overall row: tasks, samples, pass@1, pass@k, reward, turns, errors."""
+    table = Table(title=title)
     for column in ("task file", "tasks", "samples", "pass@1", f"pass@{k}", "mean reward", "turns", "errors"):
         table.add_column(column, no_wrap=True, justify="left" if column == "task file" else "right")
     rows = [*report["files"].items(), ("overall", report["overall"])]
@@ -179,9 +228,7 @@ def eval_command(
             str(m["errors"]),
             end_section=i == len(rows) - 2,
         )
-    _stdout().print(table)
-    if out:
-        typer.echo(f"wrote {write_report(report, out)}")
+    return table
 
 
 @app.command("plot")
@@ -227,7 +274,9 @@ def train_command(
     ] = False,
 ) -> None:
     """Asynchronous RL training (or sync with runtime.mode=sync): engine (see engine.backend), producer,
-    trainer."""
+    trainer.
+
+    Every key and what it does: `sao config --explain [KEY]`; algorithms: `sao presets`; guides: docs/."""
     cfg = _config_from_args(args)
     from sao.runtime.runner import EngineStartError, RunStopped, train_sync_entry
 

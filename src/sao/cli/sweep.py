@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from sao.cli.common import _fail, _quiet_transformers, _stdout, app
@@ -87,22 +88,47 @@ def sweep_command(
 ) -> None:
     """Run a grid of arms × seeds (each arm a preset plus overrides), each in its own run dir: finished
     runs are skipped, interrupted ones resumed; then `sao report`."""
-    from sao.sweep.execute import run_state, run_sweep
-
     spec, runs = _load(spec_path, overrides, smoke)
     if in_process:
         _quiet_transformers()  # no load/save progress bars between the runs' own lines
         if (jobs or spec.jobs) > 1:
             _stdout().print("--in-process: the runs train one after another (jobs ignored)", highlight=False)
     console = _stdout()
+    console.print(_plan_table(spec, runs, smoke))
+    if dry_run:
+        return
+    result = _run_stoppable(spec, runs, jobs, retry_failed, in_process, console)
+    summary = ", ".join(f"{len(v)} {k}" for k, v in result.items() if v)
+    console.print(f"sweep {spec.name}: {summary or 'nothing to do'}", highlight=False)
+    if report:
+        paths = _write_spec_report(spec, runs, _report_dir(spec, smoke, out))
+        console.print(f"report: {paths[-1]}", highlight=False)
+    if result["failed"]:
+        raise typer.Exit(1)
+
+
+def _plan_table(spec: SweepSpec, runs: list[PlannedRun], smoke: bool) -> Table:
+    """The planned runs: arm, seed, state (`run_state`), run dir."""
+    from sao.sweep.execute import run_state
+
     table = Table(title=f"sweep {spec.name}{' (smoke)' if smoke else ''}: {len(runs)} runs")
     for column in ("arm", "seed", "state", "run dir"):
         table.add_column(column, no_wrap=True)
     for run in runs:
         table.add_row(run.arm, str(run.seed), run_state(run.run_dir), str(run.run_dir))
-    console.print(table)
-    if dry_run:
-        return
+    return table
+
+
+def _run_stoppable(
+    spec: SweepSpec,
+    runs: list[PlannedRun],
+    jobs: int | None,
+    retry_failed: bool,
+    in_process: bool,
+    console: Console,
+) -> dict[str, list[PlannedRun]]:
+    """`run_sweep`, printing each start and end; SIGTERM stops it as Ctrl-C does (exit 130, resumable)."""
+    from sao.sweep.execute import run_sweep
 
     def event(kind: str, run: PlannedRun, outcome: object) -> None:
         if kind == "start":
@@ -120,7 +146,7 @@ def sweep_command(
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
-        result = run_sweep(
+        return run_sweep(
             spec, runs, jobs=jobs, retry_failed=retry_failed, in_process=in_process, on_event=event
         )
     except KeyboardInterrupt:
@@ -129,13 +155,6 @@ def sweep_command(
         ) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
-    summary = ", ".join(f"{len(v)} {k}" for k, v in result.items() if v)
-    console.print(f"sweep {spec.name}: {summary or 'nothing to do'}", highlight=False)
-    if report:
-        paths = _write_spec_report(spec, runs, _report_dir(spec, smoke, out))
-        console.print(f"report: {paths[-1]}", highlight=False)
-    if result["failed"]:
-        raise typer.Exit(1)
 
 
 @app.command("report")

@@ -59,89 +59,102 @@ def _child_main(conn: Connection) -> None:
 async def _serve(conn: Connection, engine: Any) -> None:
     """Dispatch the parent's messages to ``engine`` until ``close`` (or the parent's end of the pipe
     closes). Only this event loop's thread sends; a reader thread receives."""
-    loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[tuple] = asyncio.Queue()
+    await _Server(conn, engine).run()
 
-    def read() -> None:
+
+class _Server:
+    """The child's side of the protocol: an inbox filled by a reader thread, one task per generation or
+    scoring request (so ``cancel`` can reach it), weight updates in message order, and ``send``, which
+    only this event loop's thread calls."""
+
+    def __init__(self, conn: Connection, engine: Any) -> None:
+        self.conn, self.engine = conn, engine
+        self.inbox: asyncio.Queue[tuple] = asyncio.Queue()
+        self.tasks: dict[int, asyncio.Task] = {}
+        self.shared: SharedWeights | None = None
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The reader thread: every message into the inbox; ``close`` when the parent is gone."""
         while True:
             try:
-                message = conn.recv()
+                message = self.conn.recv()
             except (EOFError, OSError):  # the parent is gone: shut down
                 message = ("close",)
-            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            loop.call_soon_threadsafe(self.inbox.put_nowait, message)
             if message[0] == "close":
                 return
 
-    threading.Thread(target=read, name="sao-engine-pipe", daemon=True).start()
-    tasks: dict[int, asyncio.Task] = {}
-    shared: SharedWeights | None = None
-
-    def send(message: tuple) -> None:
+    def send(self, message: tuple) -> None:
         with contextlib.suppress(OSError, ValueError):  # the parent is gone; the read thread ends the loop
-            conn.send(message)
+            self.conn.send(message)
 
-    async def generate(rid: int, prompt: list[int], params: SamplingParams) -> None:
+    async def run(self) -> None:
+        """Serve until ``close``, then close the engine and send back what was pending."""
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=self._read, args=(loop,), name="sao-engine-pipe", daemon=True).start()
+        while True:
+            message = await self.inbox.get()
+            kind = message[0]
+            if kind == "generate":
+                self.tasks[message[1]] = asyncio.create_task(self.generate(*message[1:]))
+            elif kind == "cancel":
+                task = self.tasks.get(message[1])
+                if task is not None:
+                    task.cancel()
+            elif kind == "update":
+                await self.update(*message[1:])
+            elif kind == "score":  # a task, like a generation: scoring runs beside the engine loop
+                self.tasks[message[1]] = asyncio.create_task(self.score(*message[1:]))
+            elif kind == "close":
+                break
+        await self.engine.close()  # pending requests finish with "abort" and are sent back
+        if self.tasks:
+            await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self.send(("closed", self.engine.stats()))
+
+    async def generate(self, rid: int, prompt: list[int], params: SamplingParams) -> None:
+        engine = self.engine
         try:
             generation = await engine.generate(prompt, params)
         except asyncio.CancelledError:
             return
         except InvalidRequestError as err:
-            send(("invalid", rid, str(err), engine.stats()))
+            self.send(("invalid", rid, str(err), engine.stats()))
             return
         except Exception as err:  # the engine failed this request: report it as the request's error
             generation = Generation([], [], [], "error", error=f"engine process: {err!r}")
         finally:
-            tasks.pop(rid, None)
-        send(("result", rid, generation, engine.stats()))
+            self.tasks.pop(rid, None)
+        self.send(("result", rid, generation, engine.stats()))
 
-    async def update(rid: int, version: int, payload: Any) -> None:
-        nonlocal shared
+    async def update(self, rid: int, version: int, payload: Any) -> None:
+        """New weights: a checkpoint path, or the shared tensors (attached on first sight)."""
         error = None
         try:
             if isinstance(payload, SharedWeights):
-                shared = payload.attach()
+                self.shared = payload.attach()
             if isinstance(payload, str):
-                await engine.update_weights(payload, version)
-            elif shared is None:
+                await self.engine.update_weights(payload, version)
+            elif self.shared is None:
                 raise RuntimeError("no shared weights were sent before this update")
             else:
-                await engine.update_weights(shared.tensors(), version)
+                await self.engine.update_weights(self.shared.tensors(), version)
         except Exception as err:
             if isinstance(payload, SharedWeights):
-                shared = None
+                self.shared = None
             error = (type(err).__name__, str(err))
-        send(("updated", rid, error, engine.stats()))
+        self.send(("updated", rid, error, self.engine.stats()))
 
-    async def score(rid: int, token_ids: list[int]) -> None:
+    async def score(self, rid: int, token_ids: list[int]) -> None:
         try:
-            answer: dict[str, Any] = {"logprobs": await engine.score(token_ids)}
+            answer: dict[str, Any] = {"logprobs": await self.engine.score(token_ids)}
         except asyncio.CancelledError:
             return
         except Exception as err:
             answer = {"error": f"{type(err).__name__}: {err}"}
         finally:
-            tasks.pop(rid, None)
-        send(("scored", rid, answer, engine.stats()))
-
-    while True:
-        message = await inbox.get()
-        kind = message[0]
-        if kind == "generate":
-            tasks[message[1]] = asyncio.create_task(generate(*message[1:]))
-        elif kind == "cancel":
-            task = tasks.get(message[1])
-            if task is not None:
-                task.cancel()
-        elif kind == "update":
-            await update(*message[1:])
-        elif kind == "score":  # a task, like a generation: scoring runs beside the engine loop
-            tasks[message[1]] = asyncio.create_task(score(*message[1:]))
-        elif kind == "close":
-            break
-    await engine.close()  # pending requests finish with "abort" and are sent back
-    if tasks:
-        await asyncio.gather(*tasks.values(), return_exceptions=True)
-    send(("closed", engine.stats()))
+            self.tasks.pop(rid, None)
+        self.send(("scored", rid, answer, self.engine.stats()))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The resource plan of a run config: GPUs, model size, KV cache, weight pushes and trainer memory.
 
 Arithmetic on the config and the model's architecture, not a measurement; `sao plan` prints it
-(`resource_plan` then `format_resource_plan`). Nothing is downloaded and torch is not imported: the
-architecture comes from `sao.plan.architecture` (``model.path``'s ``config.json``, else the shipped table of
-public configs, else sao's tiny config), the trainer's memory from `sao.plan.memory`.
+(`resource_plan` then `format_resource_plan`, whose rows `sao.plan.resource_table` writes). Nothing is
+downloaded and torch is not imported: the architecture comes from `sao.plan.architecture`
+(``model.path``'s ``config.json``, else the shipped table of public configs, else sao's tiny config), the
+trainer's memory from `sao.plan.memory`.
 
 Figures and the assumptions behind them:
 
@@ -35,8 +36,6 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rich.table import Table
-
 from sao.config.schema import RunConfig
 from sao.plan.architecture import (
     KNOWN_ARCHITECTURES,
@@ -49,11 +48,11 @@ from sao.plan.architecture import (
 from sao.plan.memory import (
     DTYPE_BYTES,
     TrainerMemory,
-    activation_bytes_per_token,
     local_engine_kv_bytes,
     state_bytes_per_parameter,
     trainer_memory,
 )
+from sao.plan.resource_table import format_resource_plan, resource_rows
 
 __all__ = [
     "DEFAULT_ENGINE_MEMORY_FRACTION",
@@ -163,52 +162,165 @@ def resource_plan(
         raise ValueError("gpu_memory_gib must be > 0 and engine_memory_fraction in (0, 1]")
     arch, source = model_architecture(cfg.model)
     notes: list[str] = []
+    precision = _precision(cfg, notes)
+    gpus = _gpus(cfg, precision.trainer_on_gpu)
+    params = sum(parameter_sizes(arch).values())
+    engine = _engine_sizes(cfg, arch, precision, params, gpus, gpu_memory_gib, engine_memory_fraction, notes)
+    trainer = _trainer_sizes(cfg, arch, precision, gpus, params, engine.weight_bytes, gpu_memory_gib, notes)
+    return ResourcePlan(
+        model=cfg.model.path or f"tiny {cfg.model.tiny_arch}/{cfg.model.tiny_size}",
+        architecture=arch,
+        architecture_source=source,
+        runtime_backend=cfg.runtime.backend,
+        trainer_workers=gpus.workers,
+        gpus_per_trainer_worker=gpus.per_worker,
+        engine_replicas=gpus.replicas,
+        gpus_per_engine_replica=gpus.per_replica,
+        trainer_gpus=gpus.trainer,
+        engine_gpus=gpus.engine,
+        total_gpus=gpus.total,
+        params_total=params,
+        params_active=active_parameters(arch),
+        engine_dtype=precision.engine_dtype,
+        kv_bytes_per_token=engine.kv_bytes_per_token,
+        max_total_tokens=cfg.data.max_total_tokens,
+        kv_bytes_per_sequence=engine.kv_bytes_per_sequence,
+        weight_bytes=engine.weight_bytes,
+        weight_sync=cfg.runtime.resolved_weight_sync(cfg.engine.backend, cfg.cluster),
+        gpu_memory_gib=gpu_memory_gib,
+        engine_memory_fraction=engine_memory_fraction,
+        sequences_per_replica=engine.sequences_per_replica,
+        max_in_flight=cfg.runtime.max_in_flight,
+        critic_params=trainer.critic_params,
+        critic_trainable_params=trainer.critic_trainable,
+        compute_dtype=precision.compute,
+        master_dtype=precision.master,
+        gradient_checkpointing=precision.checkpointing,
+        micro_batch_tokens=trainer.micro_batch_tokens,
+        unsharded_gradient=trainer.unsharded_gradient,
+        trainer_state_bytes=trainer.state_bytes,
+        trainer_state_bytes_per_gpu=trainer.state_bytes_per_gpu,
+        trainer_memory=trainer.memory,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class _Precision:
+    """Whether the trainer runs on a GPU, and the dtypes with 'auto' and null resolved as the runtime does."""
+
+    trainer_on_gpu: bool
+    engine_dtype: str
+    compute: str  # the trainer's forward and backward
+    master: str  # weights, gradients and AdamW state
+    checkpointing: bool
+
+
+def _precision(cfg: RunConfig, notes: list[str]) -> _Precision:
+    """The placement (`_placement`) and the dtypes it implies; notes how an 'auto' engine dtype was read."""
     engine_on_gpu, trainer_on_gpu = _placement(cfg)
     dtype = _auto_dtype(cfg.engine.dtype, engine_on_gpu)
     compute = _auto_dtype(cfg.model.dtype, trainer_on_gpu)
-    master = cfg.model.master_dtype
     if cfg.engine.dtype == "auto":
         where = "a GPU" if engine_on_gpu else "the CPU"
         notes.append(f"engine.dtype 'auto' taken as {dtype} (engine on {where})")
     checkpointing = cfg.model.gradient_checkpointing
     if checkpointing is None:
         checkpointing = trainer_on_gpu
-    dtype_bytes = DTYPE_BYTES[dtype]
+    return _Precision(trainer_on_gpu, dtype, compute, cfg.model.master_dtype, checkpointing)
 
-    cluster, ray = cfg.cluster, cfg.runtime.backend == "ray"
-    if ray:
+
+@dataclass(frozen=True)
+class _Gpus:
+    """Trainer workers and engine replicas, GPUs each and in all (the local runtime: one shared device)."""
+
+    workers: int
+    per_worker: float
+    replicas: int
+    per_replica: float
+    trainer: float
+    engine: float
+    total: float
+
+
+def _gpus(cfg: RunConfig, trainer_on_gpu: bool) -> _Gpus:
+    """The Ray backend's cluster; the local runtime's trainer and engine on one GPU (or the CPU: 0)."""
+    if cfg.runtime.backend == "ray":
+        cluster = cfg.cluster
         workers, replicas = cluster.trainer_workers, cluster.engine_replicas
         per_worker, per_replica = cluster.trainer_gpus, cluster.engine_gpus
         trainer_gpus, engine_gpus = workers * per_worker, replicas * per_replica
         total = trainer_gpus + engine_gpus
-    else:
-        shared = 1.0 if trainer_on_gpu else 0.0
-        workers = replicas = 1
-        per_worker = per_replica = trainer_gpus = engine_gpus = total = shared
+        return _Gpus(workers, per_worker, replicas, per_replica, trainer_gpus, engine_gpus, total)
+    shared = 1.0 if trainer_on_gpu else 0.0
+    return _Gpus(1, shared, 1, shared, shared, shared, shared)
 
-    sizes = parameter_sizes(arch)
-    params = sum(sizes.values())
+
+@dataclass(frozen=True)
+class _EngineSizes:
+    """Bytes an engine replica holds: the weights, the KV cache, and the full sequences that fit."""
+
+    weight_bytes: int
+    kv_bytes_per_token: int
+    kv_bytes_per_sequence: int
+    sequences_per_replica: int | None  # None: engines without GPUs of their own
+
+
+def _engine_sizes(
+    cfg: RunConfig,
+    arch: Architecture,
+    precision: _Precision,
+    params: int,
+    gpus: _Gpus,
+    gpu_memory_gib: float,
+    engine_memory_fraction: float,
+    notes: list[str],
+) -> _EngineSizes:
+    """The engine's figures in its dtype (module docstring); notes weights that fill a replica alone."""
+    dtype_bytes = DTYPE_BYTES[precision.engine_dtype]
+    per_replica = gpus.per_replica
     weight_bytes = params * dtype_bytes
     kv_token = arch.kv_bytes_per_token(dtype_bytes)
     kv_sequence = kv_token * cfg.data.max_total_tokens
-
     sequences = None
-    if ray and per_replica > 0:
+    if cfg.runtime.backend == "ray" and per_replica > 0:
         budget = int(per_replica * gpu_memory_gib * GIB * engine_memory_fraction) - weight_bytes
         sequences = max(0, budget // kv_sequence)
         if budget <= 0:
             notes.append("the weights alone exceed an engine replica's memory: give it more GPUs")
+    return _EngineSizes(weight_bytes, kv_token, kv_sequence, sequences)
 
-    critic_params = critic_trainable = 0
-    if cfg.algo.uses_critic:
-        critic = critic_parameter_sizes(arch)
-        is_frozen = _freeze_matcher(cfg.critic.freeze)
-        critic_params = sum(critic.values())
-        critic_trainable = critic_params - sum(s for n, s in critic.items() if is_frozen(n))
+
+@dataclass(frozen=True)
+class _TrainerSizes:
+    """The critic's size, the trainer's state (in all and per GPU) and its predicted peak."""
+
+    critic_params: int  # 0 without a critic
+    critic_trainable: int
+    state_bytes: int
+    state_bytes_per_gpu: int | None  # None: the trainer runs on CPU
+    micro_batch_tokens: int
+    unsharded_gradient: bool
+    memory: TrainerMemory | None  # None: the trainer runs on CPU
+
+
+def _trainer_sizes(
+    cfg: RunConfig,
+    arch: Architecture,
+    precision: _Precision,
+    gpus: _Gpus,
+    params: int,
+    weight_bytes: int,
+    gpu_memory_gib: float,
+    notes: list[str],
+) -> _TrainerSizes:
+    """The trainer's figures (module docstring); notes a peak over a GPU (with its fixes) and bf16 master
+    weights."""
+    critic_params, critic_trainable = _critic_sizes(cfg, arch)
+    master, ray, trainer_gpus = precision.master, cfg.runtime.backend == "ray", gpus.trainer
     state = (params + critic_trainable) * state_bytes_per_parameter(master)
     state += (critic_params - critic_trainable) * state_bytes_per_parameter(master, trainable=False)
     per_gpu = math.ceil(state / trainer_gpus) if trainer_gpus > 0 else None
-
     tokens = max(cfg.trainer.micro_batch_tokens, cfg.data.max_total_tokens)
     memory = None
     # FSDP ranks with gradient_sync 'step' hold a full unsharded gradient when a rank gets more than one
@@ -216,15 +328,9 @@ def resource_plan(
     per_rank = cfg.trainer.batch_size / max(1, math.floor(trainer_gpus))
     accumulate = ray and cfg.trainer.gradient_sync == "step" and per_rank * cfg.data.max_total_tokens > tokens
     if trainer_gpus > 0:
-        engine_weights = engine_kv = 0
-        if not ray:  # the local engine shares the trainer's GPU
-            engine_weights = weight_bytes
-            if cfg.runtime.mode == "async":
-                engine_kv = local_engine_kv_bytes(
-                    arch, dtype, cfg.engine.max_concurrent, cfg.data.max_total_tokens
-                )
+        engine_weights, engine_kv = _engine_beside_trainer(cfg, arch, precision.engine_dtype, weight_bytes)
         memory = trainer_memory(
-            arch, tokens, compute=compute, master=master, checkpointing=checkpointing,
+            arch, tokens, compute=precision.compute, master=master, checkpointing=precision.checkpointing,
             world=max(1, math.floor(trainer_gpus)), sharded=ray, unsharded_gradient=accumulate,
             critic_trainable=critic_trainable,
             critic_frozen=critic_params - critic_trainable, engine_weights=engine_weights,
@@ -234,7 +340,7 @@ def resource_plan(
             fixes = "add trainer GPUs (state) or lower data.max_total_tokens / trainer.micro_batch_tokens"
             if accumulate:
                 fixes += ", or set trainer.gradient_sync=micro_batch (no full unsharded gradient)"
-            if not checkpointing:
+            if not precision.checkpointing:
                 fixes += ", or turn on model.gradient_checkpointing"
             notes.append(f"the trainer's predicted peak exceeds a GPU: {fixes} (activations)")
     if master == "bfloat16":
@@ -242,154 +348,27 @@ def resource_plan(
             "model.master_dtype bfloat16: weights and AdamW states in bf16 (8 B per parameter); updates "
             "below ~2^-8 of a weight round away (the paper's lr 1e-6 needs float32 master weights)"
         )
-    return ResourcePlan(
-        model=cfg.model.path or f"tiny {cfg.model.tiny_arch}/{cfg.model.tiny_size}",
-        architecture=arch,
-        architecture_source=source,
-        runtime_backend=cfg.runtime.backend,
-        trainer_workers=workers,
-        gpus_per_trainer_worker=per_worker,
-        engine_replicas=replicas,
-        gpus_per_engine_replica=per_replica,
-        trainer_gpus=trainer_gpus,
-        engine_gpus=engine_gpus,
-        total_gpus=total,
-        params_total=params,
-        params_active=active_parameters(arch),
-        engine_dtype=dtype,
-        kv_bytes_per_token=kv_token,
-        max_total_tokens=cfg.data.max_total_tokens,
-        kv_bytes_per_sequence=kv_sequence,
-        weight_bytes=weight_bytes,
-        weight_sync=cfg.runtime.resolved_weight_sync(cfg.engine.backend, cfg.cluster),
-        gpu_memory_gib=gpu_memory_gib,
-        engine_memory_fraction=engine_memory_fraction,
-        sequences_per_replica=sequences,
-        max_in_flight=cfg.runtime.max_in_flight,
-        critic_params=critic_params,
-        critic_trainable_params=critic_trainable,
-        compute_dtype=compute,
-        master_dtype=master,
-        gradient_checkpointing=checkpointing,
-        micro_batch_tokens=tokens,
-        unsharded_gradient=accumulate,
-        trainer_state_bytes=state,
-        trainer_state_bytes_per_gpu=per_gpu,
-        trainer_memory=memory,
-        notes=tuple(notes),
-    )
+    return _TrainerSizes(critic_params, critic_trainable, state, per_gpu, tokens, accumulate, memory)
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("TiB", 1024**4), ("GiB", GIB), ("MiB", 1024**2), ("KiB", 1024)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}" if n % size else f"{n // size:g} {unit}"
-    return f"{n:g} B"
+def _critic_sizes(cfg: RunConfig, arch: Architecture) -> tuple[int, int]:
+    """``(parameters, trainable parameters)`` of the critic (``critic.freeze`` applied); (0, 0) without."""
+    if not cfg.algo.uses_critic:
+        return 0, 0
+    critic = critic_parameter_sizes(arch)
+    is_frozen = _freeze_matcher(cfg.critic.freeze)
+    critic_params = sum(critic.values())
+    return critic_params, critic_params - sum(s for n, s in critic.items() if is_frozen(n))
 
 
-def _count(n: int) -> str:
-    for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= size:
-            return f"{n / size:.4g}{unit}"
-    return str(n)
-
-
-def _n(count: float, noun: str) -> str:
-    return f"{count:g} {noun}" + ("" if count == 1 else "s")
-
-
-def _engine_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
-    a, gpu, dtype = plan.architecture, f"{plan.gpu_memory_gib:g} GiB", plan.engine_dtype
-    kv = f"2 × {a.num_layers} layers × {a.num_kv_heads} KV heads × {a.head_dim} head dim × "
-    rows = [
-        ("engine dtype", dtype, "engine.dtype; each push casts the trainer's weights to it"),
-        ("KV cache per token", _bytes(plan.kv_bytes_per_token), kv + f"{DTYPE_BYTES[dtype]} B"),
-        ("KV per full sequence", _bytes(plan.kv_bytes_per_sequence),
-         f"data.max_total_tokens = {plan.max_total_tokens:,} tokens"),
-        ("weights per replica", _bytes(plan.weight_bytes), f"all parameters in {dtype}"),
-    ]  # fmt: skip
-    if plan.sequences_per_replica is None:
-        rows.append(("full sequences per replica", "–", "engines without GPUs of their own"))
-    else:
-        budget = f"({plan.gpus_per_engine_replica:g} × {gpu} × {plan.engine_memory_fraction:g} − weights)"
-        every = str(plan.sequences_per_replica * plan.engine_replicas)
-        how = f"{budget} / KV per full sequence"
-        rows.append(("full sequences per replica", str(plan.sequences_per_replica), how))
-        rows.append(("full sequences, all replicas", every, f"runtime.max_in_flight = {plan.max_in_flight}"))
-    pushes = f"{plan.weight_sync}, to {_n(plan.engine_replicas, 'replica')} after every actor step"
-    rows.append(("weight sync per push", _bytes(plan.weight_bytes), pushes))
-    return rows
-
-
-def _trainer_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
-    gpu, master = f"{plan.gpu_memory_gib:g} GiB", plan.master_dtype
-    m = DTYPE_BYTES[master]
-    critic = "no critic"
-    if plan.critic_params:
-        critic = f"critic {_count(plan.critic_params)} ({_count(plan.critic_trainable_params)} trainable)"
-    state = (f"actor {_count(plan.params_total)}, {critic}: {4 * m} B per trainable parameter ({master} "
-             f"weight, gradient, AdamW m and v), {m} B frozen")  # fmt: skip
-    precision = f"compute {plan.compute_dtype}, master {master}"
-    rows = [
-        ("trainer precision", precision, "model.dtype, model.master_dtype"),
-        ("trainer state", _bytes(plan.trainer_state_bytes), state),
-    ]
-    mem, peak = plan.trainer_memory, plan.trainer_peak_bytes_per_gpu
-    if plan.trainer_state_bytes_per_gpu is None or mem is None or peak is None:
-        return [*rows, ("trainer state per GPU", "–", "trainer on CPU")]
-    share = f"{_bytes(plan.trainer_state_bytes_per_gpu)} of {gpu}"
-    over = "one process" if plan.runtime_backend == "local" else f"FSDP over {plan.trainer_gpus:g} GPUs"
-    rows.append(("trainer state per GPU", share, over))
-    ckpt_on = plan.gradient_checkpointing
-    kept, working = activation_bytes_per_token(plan.architecture, plan.compute_dtype, ckpt_on)
-    ckpt = "on" if ckpt_on else "off"
-    activations = _bytes(mem.activations_kept + max(mem.activations_working, mem.lm_head_chunk))
-    how = (f"{plan.micro_batch_tokens:,} tokens (max of trainer.micro_batch_tokens, data.max_total_tokens);"
-           f" checkpointing {ckpt}: {kept:,} B/token kept + {working:,} B/token in backward's layer, or the"
-           f" LM head's chunk {_bytes(mem.lm_head_chunk)}")  # fmt: skip
-    rows.append(("activations per GPU", activations, how))
-    if mem.gathered:
-        units = f"FSDP units in {plan.compute_dtype}: root + 2 layers, and unsharded gradients"
-        if plan.unsharded_gradient:
-            units += "; a full unsharded gradient (trainer.gradient_sync: step, several micro-batches a rank)"
-        rows.append(("gathered parameters", _bytes(mem.gathered), units))
-    if mem.engine:
-        kv = f" + KV {_bytes(mem.engine_kv)} (async rollouts)" if mem.engine_kv else ""
-        weights = f"weights {_bytes(mem.engine_weights)}{kv}"
-        rows.append(("engine on the trainer GPU", _bytes(mem.engine), weights))
-    left = plan.trainer_headroom_bytes
-    verdict = f"{_bytes(left)} left" if left is not None and left > 0 else "DOES NOT FIT"
-    rows.append(("trainer peak per GPU", f"{_bytes(peak)} of {gpu}", f"sao.plan.memory; {verdict}"))
-    return rows
-
-
-def resource_rows(plan: ResourcePlan) -> list[tuple[str, str, str]]:
-    """The plan as (quantity, value, how it is computed) rows, in the order `format_resource_plan` shows."""
-    a = plan.architecture
-    moe = f"{a.num_experts} experts, top-{a.experts_per_token}; " if a.num_experts else ""
-    head = "tied embeddings" if a.tie_word_embeddings else "embeddings and LM head"
-    layout = f"trainer {plan.trainer_gpus:g} + engines {plan.engine_gpus:g}"
-    if plan.runtime_backend == "local":
-        layout = "local runtime: trainer and engine share " + ("one GPU" if plan.total_gpus else "the CPU")
-    rows = [
-        ("model", f"{plan.model} ({a.model_type})", plan.architecture_source),
-        ("parameters", f"{_count(plan.params_total)} total, {_count(plan.params_active)} active",
-         f"{moe}{head} included"),
-        ("GPUs", f"{plan.total_gpus:g}", layout),
-        ("trainer GPUs", f"{plan.trainer_gpus:g}",
-         f"{_n(plan.trainer_workers, 'worker')} × {_n(plan.gpus_per_trainer_worker, 'GPU')}"),
-        ("engine GPUs", f"{plan.engine_gpus:g}",
-         f"{_n(plan.engine_replicas, 'replica')} × {_n(plan.gpus_per_engine_replica, 'GPU')}"),
-    ]  # fmt: skip
-    rows += _engine_rows(plan) + _trainer_rows(plan)
-    return rows + [("note", "", note) for note in plan.notes]
-
-
-def format_resource_plan(plan: ResourcePlan) -> Table:
-    """The plan as a rich table (quantity, value, how it is computed)."""
-    table = Table(title=f"Resource plan: {plan.model}", title_justify="left")
-    for column in ("quantity", "value", "how"):
-        table.add_column(column, overflow="fold")
-    for row in resource_rows(plan):
-        table.add_row(*row)
-    return table
+def _engine_beside_trainer(
+    cfg: RunConfig, arch: Architecture, dtype: str, weight_bytes: int
+) -> tuple[int, int]:
+    """``(weight bytes, KV bytes)`` of an engine on the trainer's GPU: the local runtime's (its KV cache only
+    when rollouts run during training, ``runtime.mode`` async); (0, 0) on Ray."""
+    if cfg.runtime.backend == "ray":
+        return 0, 0
+    engine_kv = 0
+    if cfg.runtime.mode == "async":
+        engine_kv = local_engine_kv_bytes(arch, dtype, cfg.engine.max_concurrent, cfg.data.max_total_tokens)
+    return weight_bytes, engine_kv

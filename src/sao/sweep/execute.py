@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -293,11 +293,38 @@ def run_sweep(
     jobs = 1 if in_process else (jobs or spec.jobs)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     notify = on_event or (lambda *_: None)
+    result: dict[str, list[PlannedRun]] = {"done": [], "stopped": [], "failed": [], "skipped": []}
+    todo = _unfinished(runs, retry_failed, result, notify)
+    sweep = _Sweep(spec, retry_failed, in_process, threads, notify, result)
+    if in_process:
+        for run in todo:
+            sweep.run_one(run)
+        return result
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    try:
+        futures = [pool.submit(sweep.run_one, run) for run in todo]
+        for future in futures:
+            future.result()
+    except BaseException:
+        sweep.children.terminate_all()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return result
+
+
+def _unfinished(
+    runs: list[PlannedRun],
+    retry_failed: bool,
+    result: dict[str, list[PlannedRun]],
+    notify: Callable[[str, PlannedRun, Outcome | None], None],
+) -> list[PlannedRun]:
+    """The runs to launch, one per run dir; the others (finished, or running in another sweep) go to
+    ``result["skipped"]``, each announced with ``skip``."""
     unique: dict[Path, PlannedRun] = {}
     for run in runs:
         unique.setdefault(run.run_dir, run)
     todo: list[PlannedRun] = []
-    result: dict[str, list[PlannedRun]] = {"done": [], "stopped": [], "failed": [], "skipped": []}
     for run in unique.values():
         state = run_state(run.run_dir)
         if state in ("done", "stopped", "running") or (state == "failed" and not retry_failed):
@@ -305,40 +332,39 @@ def run_sweep(
             notify("skip", run, read_outcome(run.run_dir))
         else:
             todo.append(run)
+    return todo
 
-    def one(run: PlannedRun) -> Outcome | None:
-        if children.stopping:
+
+@dataclass
+class _Sweep:
+    """One sweep's launches: each run under its lock, in a child (or in this process), its outcome filed
+    into ``result`` by status and announced with ``start`` and ``end``."""
+
+    spec: SweepSpec
+    retry_failed: bool
+    in_process: bool
+    threads: int  # OMP threads of a child run
+    notify: Callable[[str, PlannedRun, Outcome | None], None]
+    result: dict[str, list[PlannedRun]]
+    children: _Children = field(default_factory=_Children)
+
+    def run_one(self, run: PlannedRun) -> Outcome | None:
+        """Train ``run`` unless the sweep is stopping or another sweep holds it or finished it meanwhile."""
+        if self.children.stopping:
             return None
         with _locked(run.run_dir) as lock:
             before = read_outcome(run.run_dir)
-            if lock is None or (before is not None and not (retry_failed and before.status == "failed")):
+            if lock is None or (before is not None and not (self.retry_failed and before.status == "failed")):
                 # another sweep (or its orphaned run) is running it, or it finished meanwhile
-                result["skipped"].append(run)
-                notify("skip", run, before)
+                self.result["skipped"].append(run)
+                self.notify("skip", run, before)
                 return None
-            notify("start", run, None)
-            if in_process:
-                outcome = _run_in_process(spec, run)
+            self.notify("start", run, None)
+            if self.in_process:
+                outcome = _run_in_process(self.spec, run)
             else:
-                outcome = _run_child(spec, run, threads, children, lock)
+                outcome = _run_child(self.spec, run, self.threads, self.children, lock)
         if outcome is not None:
-            result[outcome.status].append(run)
-            notify("end", run, outcome)
+            self.result[outcome.status].append(run)
+            self.notify("end", run, outcome)
         return outcome
-
-    children = _Children()
-    if in_process:
-        for run in todo:
-            one(run)
-        return result
-    pool = ThreadPoolExecutor(max_workers=jobs)
-    try:
-        futures = [pool.submit(one, run) for run in todo]
-        for future in futures:
-            future.result()
-    except BaseException:
-        children.terminate_all()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return result

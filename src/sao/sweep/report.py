@@ -142,15 +142,33 @@ def _markdown(
     excluded: Sequence[RunData],
     unlogged: Sequence[str],
 ) -> str:
+    """``report.md``: the summary, the final-metric table, the pairwise differences, the runs, the figures."""
     lines = [f"# {title}", ""]
     if description:
         lines += [description.strip(), ""]
+    lines += _summary_lines(table, runs_by_arm, not_started, excluded, unlogged)
+    lines += _finals_lines(table)
+    lines += _difference_lines(table)
+    lines += _run_lines(runs_by_arm, excluded)
+    lines.append("")
+    lines += [f"![{p.stem}]({p.name})" for p in pngs]
+    return "\n".join(lines) + "\n"
+
+
+def _summary_lines(
+    table: FinalTable,
+    runs_by_arm: dict[str, list[RunData]],
+    not_started: Sequence[str],
+    excluded: Sequence[RunData],
+    unlogged: Sequence[str],
+) -> list[str]:
+    """What the numbers cover: arms × seeds, runs by status, and what is left out of them (and why)."""
     all_runs = [r for runs in runs_by_arm.values() for r in runs] + list(excluded)
     statuses: dict[str, int] = {}
     for r in all_runs:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     seeds = sorted({r.seed for r in all_runs})
-    lines += [
+    return [
         f"{len(table.arms)} arms × {len(seeds)} seeds ({', '.join(map(str, seeds))}): {len(all_runs)} runs, "
         + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
         + ". Every finished run (done, or stopped by itself) is in these numbers.",
@@ -166,6 +184,12 @@ def _markdown(
             else []
         ),
         *([f"No run logged {', '.join(unlogged)}: check the metric names.", ""] if unlogged else []),
+    ]
+
+
+def _finals_lines(table: FinalTable) -> list[str]:
+    """The final-metric table: an arm per row, each metric's mean [interval], censored columns marked."""
+    lines = [
         "## Final metrics",
         "",
         "Mean over seeds [95 % percentile bootstrap interval of the mean]; ≥ marks columns where some runs "
@@ -183,30 +207,41 @@ def _markdown(
                 text = f"≥ {text} ({cell.censored} censored)"
             cells.append(text)
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _difference_lines(table: FinalTable) -> list[str]:
+    """The pairwise-differences table (nothing when there is no pair)."""
     pairs = [d for diffs in table.differences.values() for d in diffs]
-    if pairs:
-        tests = sorted({d.test for d in pairs})
-        lines += [
-            "",
-            "## Pairwise differences",
-            "",
-            "a − b of the per-seed final values: mean [95 % bootstrap interval]; p: "
-            + "; ".join(tests)
-            + ". n: seeds in each arm, and the smallest p the test can give with them. A censored recovery "
-            "enters the test as the steps it had (a lower bound).",
-            "",
-            "| metric | a − b | difference | p | n (p floor) | interval excludes 0 |",
-            "|---|---|---|---|---|---|",
-        ]
-        for label, diffs in table.differences.items():
-            for d in diffs:
-                excl = "–" if math.isnan(d.low) else ("yes" if d.low > 0 or d.high < 0 else "no")
-                floor = _fmt(stats.min_p_value(d.n_a, d.n_b)) if d.n_a and d.n_b else "–"
-                lines.append(
-                    f"| {label} | {d.a} − {d.b} | {_interval(d.mean, d.low, d.high)} "
-                    f"| {_fmt(d.p_value)} | {d.n_a} vs {d.n_b} ({floor}) | {excl} |"
-                )
-    lines += [
+    if not pairs:
+        return []
+    tests = sorted({d.test for d in pairs})
+    lines = [
+        "",
+        "## Pairwise differences",
+        "",
+        "a − b of the per-seed final values: mean [95 % bootstrap interval]; p: "
+        + "; ".join(tests)
+        + ". n: seeds in each arm, and the smallest p the test can give with them. A censored recovery "
+        "enters the test as the steps it had (a lower bound).",
+        "",
+        "| metric | a − b | difference | p | n (p floor) | interval excludes 0 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, diffs in table.differences.items():
+        for d in diffs:
+            excl = "–" if math.isnan(d.low) else ("yes" if d.low > 0 or d.high < 0 else "no")
+            floor = _fmt(stats.min_p_value(d.n_a, d.n_b)) if d.n_a and d.n_b else "–"
+            lines.append(
+                f"| {label} | {d.a} − {d.b} | {_interval(d.mean, d.low, d.high)} "
+                f"| {_fmt(d.p_value)} | {d.n_a} vs {d.n_b} ({floor}) | {excl} |"
+            )
+    return lines
+
+
+def _run_lines(runs_by_arm: dict[str, list[RunData]], excluded: Sequence[RunData]) -> list[str]:
+    """Every run the sweep launched, the excluded ones included: arm, seed, status, steps, wall, run dir."""
+    lines = [
         "",
         "## Runs",
         "",
@@ -219,9 +254,7 @@ def _markdown(
             lines.append(
                 f"| {arm} | {r.seed} | {r.status} | {r.steps_done}/{r.total_steps} | {wall} | `{r.run_dir}` |"
             )
-    lines.append("")
-    lines += [f"![{p.stem}]({p.name})" for p in pngs]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_report(

@@ -139,7 +139,6 @@ def pretrain_value(
 
     ``collective``: the ranks of a sharded critic (module docstring; every rank calls this with the same
     corpus and options); default one process. The result is the same on every rank."""
-    from sao.models.forward import token_values
     from sao.models.freezing import trainable_parameters
 
     collective = collective if collective is not None else LocalCollective()
@@ -150,31 +149,14 @@ def pretrain_value(
     params = trainable_parameters(critic)
     optim = torch.optim.AdamW(params, lr=opts.lr)
     result = ValuePretrainResult(corpus_size=len(trajectories), steps=0, stop_reason="max_steps")
-    best, since_best = float("-inf"), 0
+    stopper = _EarlyStop(opts.ev_min_delta)
     batches = batches_forever(train, opts.batch_size, opts.seed)
     critic.train()
-    columns = (
-        TextColumn("value pretrain"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.4f}  EV {task.fields[ev]:.3f}"),
-    )
-    with Progress(*columns, console=console) as bar:
+    with _progress_bar(console) as bar:
         task = bar.add_task("pretrain", total=opts.max_steps, loss=float("nan"), ev=float("nan"))
         for step in range(1, opts.max_steps + 1):
             batch = Batch.from_trajectories(next(batches)).to(device)
-            n_action = max(int(batch.action_mask.sum()), 1)  # the whole batch's: the ranks' losses add up
-            optim.zero_grad(set_to_none=True)
-            loss_value = 0.0
-            for part in _rank_share(batch, opts, collective).parts:
-                returns = mc_returns(part, opts.gamma)
-                values = token_values(critic, part)
-                loss, _ = value_loss(
-                    values, returns, part.action_mask, denominator=n_action, with_metrics=False
-                )
-                loss.backward()
-                loss_value += float(loss.detach())
-            loss_value = collective.sum(loss_value)
+            loss_value = _critic_step(critic, optim, batch, opts, collective)
             grad_norm = _grad_norm(params, opts.grad_clip)
             optim.step()
             result.steps, result.final_value_loss = step, loss_value
@@ -187,20 +169,66 @@ def pretrain_value(
                 ev = _evaluate(critic, held_out, opts, collective)
                 metrics["value_pretrain/explained_variance"] = ev
                 result.ev_curve.append((step, ev))
-                if ev > best + opts.ev_min_delta:
-                    best, since_best = ev, 0
-                else:
-                    since_best += 1
+                stopper.observe(ev)
                 if not result.best_ev >= ev:  # also replaces the initial NaN
                     result.best_ev = ev
                 bar.update(task, ev=ev)
             if sink is not None:
                 sink.log(step, metrics)
             bar.update(task, advance=1, loss=loss_value)
-            if since_best >= opts.ev_patience:
+            if stopper.since_best >= opts.ev_patience:
                 result.stop_reason = f"explained variance plateaued ({opts.ev_patience} evaluations)"
                 break
     return result
+
+
+def _progress_bar(console: Console) -> Progress:
+    """The step bar: ``completed/total``, the last loss and the last held-out EV."""
+    columns = (
+        TextColumn("value pretrain"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.4f}  EV {task.fields[ev]:.3f}"),
+    )
+    return Progress(*columns, console=console)
+
+
+def _critic_step(
+    critic: Any,
+    optim: torch.optim.Optimizer,
+    batch: Batch,
+    opts: ValuePretrainOptions,
+    collective: Collective,
+) -> float:
+    """Zero the gradients, then forward and backward this rank's share of ``batch`` (the loss normalised by
+    the whole batch's action tokens); returns the batch's value loss summed over the ranks. The caller
+    clips and steps."""
+    from sao.models.forward import token_values
+
+    n_action = max(int(batch.action_mask.sum()), 1)  # the whole batch's: the ranks' losses add up
+    optim.zero_grad(set_to_none=True)
+    loss_value = 0.0
+    for part in _rank_share(batch, opts, collective).parts:
+        returns = mc_returns(part, opts.gamma)
+        values = token_values(critic, part)
+        loss, _ = value_loss(values, returns, part.action_mask, denominator=n_action, with_metrics=False)
+        loss.backward()
+        loss_value += float(loss.detach())
+    return collective.sum(loss_value)
+
+
+class _EarlyStop:
+    """Held-out evaluations since the explained variance last improved by more than ``min_delta``."""
+
+    def __init__(self, min_delta: float) -> None:
+        self.min_delta = min_delta
+        self.best, self.since_best = float("-inf"), 0
+
+    def observe(self, ev: float) -> None:
+        if ev > self.best + self.min_delta:
+            self.best, self.since_best = ev, 0
+        else:
+            self.since_best += 1
 
 
 def run_value_pretrain(
