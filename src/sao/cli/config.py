@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -28,8 +29,19 @@ def config_command(
     reference: Annotated[
         bool, typer.Option("--reference", help="Print the Markdown reference of every key (docs/reference).")
     ] = False,
+    migrate: Annotated[
+        bool,
+        typer.Option(
+            "--migrate",
+            help="Print CONFIG.yaml with a flat algo section of earlier versions (algo.eps_low, "
+            "algo.advantage: grpo, ...) rewritten in the typed shape (comments are not kept).",
+        ),
+    ] = False,
 ) -> None:
     """Load and validate a config, then print it fully resolved (defaults, preset, file, overrides)."""
+    if migrate:
+        _migrate(args or [])
+        return
     if explain or reference:
         _explain_or_reference(args or [], explain, reference)
         return
@@ -39,6 +51,23 @@ def config_command(
         _stdout().print(Syntax(text, "yaml", background_color="default"))
     else:
         typer.echo(text, nl=False)
+
+
+def _migrate(args: list[str]) -> None:
+    import yaml
+
+    from sao.config.migrate import migrate_config
+
+    if len(args) != 1:
+        raise _fail("error: --migrate takes one argument, the YAML file to rewrite")
+    try:
+        data = yaml.safe_load(Path(args[0]).read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise _fail(f"error: cannot read {args[0]}: {err}") from None
+    migrated, notes = migrate_config(data)
+    typer.echo(yaml.safe_dump(migrated, sort_keys=False), nl=False)
+    for note in notes:
+        typer.echo(f"note: {note}", err=True)
 
 
 def _explain_or_reference(args: list[str], explain: bool, reference: bool) -> None:

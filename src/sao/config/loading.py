@@ -156,7 +156,8 @@ def _refuse_moved(key: str, value: Any, source: str) -> None:
     owners = [tag for tag, cls in variants.items() if field in cls.model_fields and tag != "custom"]
     if field != "type" and len(owners) < len(variants) - 1:
         spelling += f" (a field of algo.{section}.type {' / '.join(owners)})"
-    raise ConfigError(f"algo.{key} (in {source}) has moved: write {spelling}")
+    hint = " (`sao config --migrate FILE` rewrites a whole file)" if source != "overrides" else ""
+    raise ConfigError(f"algo.{key} (in {source}) has moved: write {spelling}{hint}")
 
 
 def _nest(key: str) -> list[str]:

@@ -1,0 +1,77 @@
+"""Rewriting a config of the flat ``algo`` section (``algo.advantage: grpo``, ``algo.eps_low: 0.2``, ...)
+into the typed one (``algo.advantage: {type: grpo}``, ``algo.loss: {eps_low: 0.2}``): `sao config --migrate`.
+
+Each flat key goes where `MOVED_KEYS` says, into the estimator or the loss its type selects. A flat key the
+selected class has no field for did nothing before (e.g. ``running_mean_window`` under the sao preset's
+estimator); it is dropped and named in the notes when it differed from its old default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .algo import MOVED_KEYS, AlgoConfig
+from .unions import union_variants
+
+__all__ = ["migrate_config"]
+
+# The flat section's defaults (the sao preset's): a dropped key at its default needs no note.
+_OLD_DEFAULTS: dict[str, Any] = {
+    "advantage": "skip_observation_gae", "step_value": "average", "policy_loss": "dis", "eps_low": 0.3,
+    "eps_high": 5.0, "loss_agg": "token-mean", "nll_coef": 0.0, "gamma": 1.0, "lam_critic": 1.0,
+    "lam_policy": "adaptive", "adaptive_alpha": 1.5, "adaptive_length": "action", "normalize_std": True,
+    "running_mean_window": 8, "running_mean_scope": "prompt", "spo_d_half": 0.06, "spo_rho_min": 0.875,
+    "spo_rho_max": 0.96, "spo_sampling_floor": 0.05, "spo_prioritized_sampling": True,
+    "truncation": "terminal",
+}  # fmt: skip
+
+
+def migrate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``data`` (a config mapping) with its ``algo`` section in the typed shape, and notes on what was
+    dropped. A config already in the typed shape comes back unchanged."""
+    out = dict(data)
+    algo = data.get("algo")
+    if not isinstance(algo, Mapping) or (not any(k in MOVED_KEYS for k in algo) and not _named(algo)):
+        return out, []
+    flat = dict(algo)
+    typed: dict[str, Any] = {k: v for k, v in flat.items() if k not in MOVED_KEYS and k not in ("advantage",)}
+    sections: dict[str, dict[str, Any]] = {"advantage": {}, "loss": {}}
+    if isinstance(flat.get("advantage"), str):
+        sections["advantage"]["type"] = flat["advantage"]
+    elif isinstance(flat.get("advantage"), Mapping):
+        sections["advantage"] = dict(flat["advantage"])
+    if isinstance(typed.get("loss"), Mapping):
+        sections["loss"] = dict(typed.pop("loss"))
+    notes = []
+    for key, value in flat.items():
+        moved = MOVED_KEYS.get(key)
+        if moved is None:
+            continue
+        section, field = moved.split(".")
+        if field == "type":
+            sections[section]["type"] = value
+            continue
+        if _has_field(section, sections[section].get("type"), field):
+            sections[section][field] = value
+        elif value != _OLD_DEFAULTS.get(key):
+            kind = sections[section].get("type", "the preset's")
+            notes.append(f"algo.{key}={value!r} dropped: {kind} {section} has no {field} (it was ignored)")
+    for section, values in sections.items():
+        if values:
+            typed[section] = values
+    out["algo"] = typed
+    return out, notes
+
+
+def _named(algo: Mapping[str, Any]) -> bool:
+    return isinstance(algo.get("advantage"), str) or isinstance(algo.get("loss"), str)
+
+
+def _has_field(section: str, kind: str | None, field: str) -> bool:
+    """Whether the class of ``type`` ``kind`` (None: any built-in) under ``algo.<section>`` has ``field``."""
+    variants = union_variants(AlgoConfig, section) or {}
+    if kind is None:
+        return any(field in cls.model_fields for tag, cls in variants.items() if tag != "custom")
+    cls = variants.get(kind)
+    return cls is not None and field in cls.model_fields
