@@ -7,8 +7,8 @@ processor-sharing server), `sim` (the event loop), `result` (what it reports), `
 engine/trainer split of a pool), `calibrate` and `lsq` (stage constants fitted from a run directory),
 `from_config` (inputs from a run config), `peers` (verl's published 128-GPU table, rebuilt), `report` (rich
 tables). The static resource plan is separate: `architecture` (shapes and parameter counts), `memory` (the
-trainer's GPU memory), `resources` (the plan `sao plan` prints), `paper_doc` (its tables in
-docs/paper_configs.md). See docs/planner.md.
+trainer's GPU memory), `resources` (the plan `sao plan` prints), `resource_table` (its rows and rich
+table), `paper_doc` (its tables in docs/paper_configs.md). See docs/planner.md.
 """
 
 from __future__ import annotations
