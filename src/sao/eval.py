@@ -1,11 +1,11 @@
 """Evaluation: every task of one or more task files ``k`` times through the agent loop, scored by Pass@1
 (averaged over the ``k`` samples) and pass@k (the unbiased estimator), per file and overall.
 
-The paper's protocol (docs/envs.md) is the default: temperature 1.0, top-p 1.0, 4–16 samples per problem,
-each environment's own turn limit (math 50, coding 300). Episodes run concurrently (``concurrency`` at a time)
-through `sao.rollout.agent_loop.run_episode`, one fresh environment per episode. Sample ``j`` of a task gets
-the seed `sample_seed` ``(seed, file name, task id, j)``: the same settings give the same numbers whatever
-the concurrency and order of completion.
+The paper's protocol (docs/evaluation.md) is the default: temperature 1.0, top-p 1.0, 4–16 samples per
+problem, each environment's own turn limit (math 50, coding 300). Episodes run concurrently (``concurrency``
+at a time) through `sao.rollout.agent_loop.run_episode`, one fresh environment per episode. Sample ``j`` of
+a task gets the seed `sample_seed` ``(seed, file name, task id, j)``: the same settings give the same
+numbers whatever the concurrency and order of completion.
 
 Which environment plays a task: ``EvalSettings.env`` if given, else the row's ``env`` field, else
 ``math_tir``. Rows with a ``problem`` field and no ``prompt`` (the AIME-style format) use it as the prompt.

@@ -1,4 +1,4 @@
-"""Algorithm presets (docs/config.md): plain data, applied by `sao.config.load_config` before the YAML and
+"""Algorithm presets (docs/algorithms.md): plain data, applied by `sao.config.load_config` before the YAML and
 overrides.
 
 A preset is a partial run config `{"algo": {"advantage": {"type": ...}, "loss": {"type": ...}, ...},

@@ -56,7 +56,7 @@ def test_dis_gradient_equals_band_indicator_times_ratio_times_advantage(case):
 
     loss, grad, _ = _grad(lambda lp: dis_loss(lp, rollout, adv, mask, eps_low, eps_high), logprobs)
 
-    # Form 1: −mean(1[band]·r·Â), band tested on the ratio itself as docs/algorithms.md (DIS) writes it.
+    # Form 1: −mean(1[band]·r·Â), band tested on the ratio itself as docs/concepts.md (DIS) writes it.
     def indicator_form(lp):
         r = torch.exp(lp - rollout)
         band = mask & (r > 1 - eps_low) & (r < 1 + eps_high)

@@ -1,6 +1,6 @@
 """SIGKILL at any moment, including mid-checkpoint-write: resume finds the last committed checkpoint, whole
-and loadable, the interrupted save's leftovers are removed, and the books balance (docs/training.md,
-"Faults")."""
+and loadable, the interrupted save's leftovers are removed, and the books balance (docs/faults.md,
+"SIGKILL, also mid-checkpoint")."""
 
 from __future__ import annotations
 

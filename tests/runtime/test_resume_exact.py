@@ -1,5 +1,6 @@
-"""Exact resume (docs/training.md, "Faults"): a sync run SIGKILLed right after its step-2 checkpoint and
-resumed logs the same steps 3-4 as the run that was never interrupted, to float tolerance."""
+"""Exact resume (docs/faults.md, "SIGKILL, also mid-checkpoint"): a sync run SIGKILLed right after its
+step-2 checkpoint and resumed logs the same steps 3-4 as the run that was never interrupted, to float
+tolerance."""
 
 from __future__ import annotations
 

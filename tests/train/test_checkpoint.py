@@ -1,4 +1,4 @@
-"""Checkpoints: exact resume (invariant 6 of docs/training.md), atomic writes, pruning, robust discovery,
+"""Checkpoints: exact resume (invariant 6 of docs/concepts.md), atomic writes, pruning, robust discovery,
 clear errors."""
 
 from __future__ import annotations

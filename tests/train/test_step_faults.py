@@ -1,4 +1,4 @@
-"""Non-finite steps are skipped, counted and bounded (the trainer step, docs/training.md "Faults").
+"""Non-finite steps are skipped, counted and bounded (the trainer step, docs/faults.md "Non-finite steps").
 
 The cause is real and passes every validation of `Trajectory` / `Batch`: one finite but huge reward. At
 1e30 the actor loss is still finite (~-2.5e29) but the squared gradients overflow float32, so the total

@@ -89,7 +89,7 @@ class RunningMeanBaseline:
 
 class SPOTracker:
     """SPO's per-prompt Beta tracker with KL-adaptive forgetting (Xu & Ding 2025; docs/algorithms.md,
-    "Baselines and ablations").
+    "Advantage estimators").
 
     Each prompt has ``Beta(α, β)``; its success estimate is ``p̂ = α/(α+β)``. For a batch:
     ``A = r − p̂`` (state before the update), z-normalised over the batch; then

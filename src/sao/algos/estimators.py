@@ -1,7 +1,7 @@
 """The built-in advantage estimators, one typed config class each (``algo.advantage.type``).
 
 GAE family (critic): ``skip_observation_gae``, ``token_gae``, ``step_gae`` — advantages from one GAE pass
-with the policy λ, critic targets from one pass with the critic's λ (the decoupled λ of docs/algorithms.md).
+with the policy λ, critic targets from one pass with the critic's λ (the decoupled λ of docs/concepts.md).
 Critic-free: ``grpo`` (group baseline), ``running_mean`` and ``spo`` (stateful baselines: advantages from the
 state before the batch, `update_state` after it). The tensor math is in `sao.algos.gae`, `sao.algos.group`
 and `sao.algos.baselines`.

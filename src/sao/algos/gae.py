@@ -4,12 +4,12 @@ All functions take packed ``(T,)`` tensors with ``cu_seqlens`` ``(B+1,)`` and ne
 The per-token reward vector carries the outcome on the last action token of each trajectory (and per-turn
 rewards on each turn's last action token); rewards must be zero elsewhere.
 
-* ``skip_observation_gae`` (docs/algorithms.md, "Skip-observation GAE"): GAE over the action tokens
+* ``skip_observation_gae`` (docs/concepts.md, "Skip-observation GAE"): GAE over the action tokens
   only; an observation span is jumped over, so the last action token of turn i bootstraps from the first
   action token of turn i+1.
 * ``token_gae``: the naive multi-turn baseline, GAE over every response position (first action token to
   the end), so values of observation tokens sit inside the recursion.
-* ``step_gae`` (docs/algorithms.md, "Baselines and ablations"; the paper's appendix A.1): one advantage
+* ``step_gae`` (docs/algorithms.md, "Advantage estimators"; the paper's appendix A.1): one advantage
   per turn from step values (mean of the turn's token values, or the value at its last token).
 
 Advantages and returns are 0 on non-action tokens (observation tokens never carry a training signal).
@@ -197,7 +197,7 @@ def skip_observation_gae(
 ) -> tuple[Tensor, Tensor]:
     """Token-level GAE over action tokens only, jumping over observation spans.
 
-    The formulas are in docs/algorithms.md, "Skip-observation GAE".
+    The formulas are in docs/concepts.md, "Skip-observation GAE".
 
     Inside an action span ``δ_t = r_t + γV(s_{t+1}) − V(s_t)``; at an action→observation boundary the
     next value is that of the next turn's first action token; after the last action token it is 0, or,

@@ -1,6 +1,6 @@
 """Policy losses. Each is a pure function of packed ``(T,)`` tensors returning ``(loss, metrics)``.
 
-* :func:`dis_loss` — SAO's direct double-sided importance sampling (docs/algorithms.md,
+* :func:`dis_loss` — SAO's direct double-sided importance sampling (docs/concepts.md,
   "DIS: direct double-sided importance sampling"): the ratio is taken to the log-prob the engine
   recorded while sampling, tokens outside the strict band (1−ε_low, 1+ε_high) are dropped whatever the
   sign of the advantage, and there is no π_old and no PPO min/clip on top.
@@ -82,7 +82,7 @@ def dis_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DIS policy loss ``−Ê_t[ sg(f(r_t)) · Â_t · log π_θ(a_t|s_t) ]``.
 
-    The formulas are in docs/algorithms.md, "DIS: direct double-sided importance sampling".
+    The formulas are in docs/concepts.md, "DIS: direct double-sided importance sampling".
 
     ``r_t = exp(log π_θ − log π_rollout)``; ``f(r) = r`` if ``1−ε_low < r < 1+ε_high`` (strict) else 0. It is
     computed as ``−1[band]·r·Â``, which has the same gradient. Out-of-band tokens contribute zero but stay

@@ -24,7 +24,7 @@ def aggregate(
 ) -> Tensor:
     """Reduce a ``(T,)`` per-token loss over the masked tokens.
 
-    * ``token-mean``: Σ loss / Σ mask over the whole batch (our reading of DIS's Ê_t, docs/algorithms.md,
+    * ``token-mean``: Σ loss / Σ mask over the whole batch (our reading of DIS's Ê_t, docs/concepts.md,
       "DIS: direct double-sided importance sampling": tokens the loss zeroes, e.g. DIS out-of-band
       tokens, stay in the denominator because they are in ``mask``).
     * ``seq-mean-token-mean``: mean over trajectories of each trajectory's token mean.

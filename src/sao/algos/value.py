@@ -1,5 +1,5 @@
-"""Critic objective and diagnostics: masked value loss and explained variance (docs/algorithms.md,
-"K critic updates per actor update" and "Critic")."""
+"""Critic objective and diagnostics: masked value loss and explained variance (docs/concepts.md,
+"The critic: K updates per actor update")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def value_loss(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Masked MSE ``(V − R)²`` over the value-trained tokens (action tokens), optionally PPO-clipped.
 
-    Our reading (docs/algorithms.md, "K critic updates per actor update") is the unclipped MSE
+    Our reading (docs/concepts.md, "The critic: K updates per actor update") is the unclipped MSE
     (``clip_eps=None``); with ``clip_eps`` the loss is
     ``max((V − R)², (clip(V, V_old − ε, V_old + ε) − R)²)`` as in PPO implementations (the same as
     ``V_old + clip(V − V_old, ±ε)``, but a value inside the band stays bit-identical to ``V``).
@@ -66,7 +66,8 @@ def value_loss(
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
-    """``1 − Var(R − V) / Var(R)`` over the masked tokens (docs/algorithms.md, "Critic").
+    """``1 − Var(R − V) / Var(R)`` over the masked tokens (docs/concepts.md, "The critic: K updates
+    per actor update").
 
     1 is a perfect critic, 0 one that predicts the mean, negative worse than the mean. Returns NaN when
     the returns have no variance (the ratio is undefined) or the mask is empty.

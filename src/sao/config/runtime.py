@@ -23,7 +23,7 @@ __all__ = [
 
 class PushCheckConfig(Section):
     """After every weight push, each engine replica and the trainer score one fixed probe sequence
-    (teacher-forced log-probs, temperature 1) and are compared (docs/engine.md, push verification)."""
+    (teacher-forced log-probs, temperature 1) and are compared (docs/engine.md, "Every push verified")."""
 
     action: Literal["error", "warn", "none"] = Field(
         "error",
@@ -48,7 +48,7 @@ class PushCheckConfig(Section):
 
 class MismatchDriftConfig(Section):
     """An alarm when the per-step lag-0 mismatch between the engine's log-probs and the trainer's grows over
-    the run (docs/engine.md, mismatch metrics)."""
+    the run (docs/engine.md, "Every push verified")."""
 
     action: Literal["warn", "error", "none"] = Field(
         "warn",

@@ -3,7 +3,7 @@ sections.
 
 The sections live in their own modules (`model`, `engine`, `sections`, `algo`, `runtime`); they are
 re-exported here. `sao.config.loading` builds and validates a `RunConfig`. Fields marked "our reading" are
-choices we make where the paper is silent (docs/config.md); each is an option so it can be ablated.
+choices we make where the paper is silent (docs/algorithms.md); each is an option so it can be ablated.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ decode token per running sequence), sampling, and the finished requests' `Genera
 
 Log-probs: the recorded log-prob is that of the distribution actually sampled from (temperature, top-k,
 top-p, renormalised); at temperature 1 without filters it is the trainer's teacher-forced log-prob with the
-same weights (invariant 3 of docs/training.md; tested against `sao.models.forward.token_logprobs`).
+same weights (invariant 3 of docs/concepts.md; tested against `sao.models.forward.token_logprobs`).
 
 Weight updates (`update_weights`) are applied between steps and never abort in-flight requests; each token
 records the version of the weights whose forward produced its distribution (invariant 4 there). By default the

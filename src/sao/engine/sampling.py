@@ -12,7 +12,7 @@ The distribution a non-greedy row samples from is, in this order (vLLM's and HF'
 **Recorded log-prob** = the log-probability of the sampled token under that final distribution. At
 temperature 1 with top-k and top-p off it is ``log_softmax(logits)[token]``, the trainer's teacher-forced
 log-prob (`sao.models.forward.token_logprobs`), which makes the DIS ratio exactly 1 on-policy (invariant
-3 of docs/training.md). A greedy row (temperature 0) takes the argmax (the first one on ties) and records
+3 of docs/concepts.md). A greedy row (temperature 0) takes the argmax (the first one on ties) and records
 its log-prob under the untempered, unfiltered distribution (the contract of `SamplingParams`).
 
 Randomness comes in as one uniform per row, drawn by the caller from that request's own generator, and a

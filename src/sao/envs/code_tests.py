@@ -3,7 +3,7 @@
 Task. ``prompt``: what to implement. ``metadata["files"]``: the starting repository ``{path: content}``.
 ``tests``: the hidden tests ``{path: content}`` (or ``{"files": {...}, "command": "..."}``).
 ``metadata["test_command"]`` (or ``tests["command"]``): the shell command that runs them, exit code 0 =
-pass (default `DEFAULT_TEST_COMMAND`). The JSONL format is in docs/envs.md.
+pass (default `DEFAULT_TEST_COMMAND`). The JSONL format is in docs/builtin-envs.md.
 
 Episode. ``reset`` creates the episode's persistent `sao.envs.sandbox.Sandbox` holding the starting files and
 returns a short system prompt plus the task (with the file list) as the user turn; the tool schemas are the

@@ -4,7 +4,7 @@ Owns: turns, limits (turns, token budget), the token bookkeeping (a `ChatSession
 handling, and building the `Trajectory`. Does not own: sampling prompts, in-flight bounds, queues (the
 producer), rewards (the env), tokens of the env (it sees text only).
 
-Token layout (invariant 1 of docs/training.md: the trainer never re-tokenizes; the recorded history is
+Token layout (invariant 1 of docs/concepts.md: the trainer never re-tokenizes; the recorded history is
 never re-rendered, so any chat template works, including ones that rewrite earlier turns):
 
 - The prompt is the chat-template rendering of ``env.reset(task)`` with the generation prompt.

@@ -98,7 +98,7 @@ class TokenizerArgs:
 @dataclass(frozen=True)
 class ServerArgs:
     """How a vLLM / SGLang server is launched and checked at start: the engine's launch keys with what they
-    derive from (`sao.runtime.engines.server_settings` resolves them; docs/engine.md, launch keys)."""
+    derive from (`sao.runtime.engines.server_settings` resolves them; docs/servers.md, launch keys)."""
 
     episode_budget: int = 16384  # data.max_total_tokens: a server with a smaller context limit is refused
     max_model_len: int | None = None  # engine.max_model_len (None: the budget, unless server_args set it)

@@ -1,5 +1,5 @@
 """`RunParts`: every component's arguments for one run, one typed field per factory of
-`sao.runtime.build.FACTORIES` (same names), made by `sao.runtime.build.assemble`.
+`sao.runtime.factories.FACTORIES` (same names), made by `sao.runtime.build.assemble`.
 
 `Run` reads ``parts.loop.total_steps``, ``parts.engine`` and so on, and hands each component its own field:
 no component sees the config, and a field read that does not exist is an `AttributeError` at once rather

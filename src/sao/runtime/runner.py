@@ -15,7 +15,7 @@ far generation runs ahead (``runtime.max_staleness``) and drops too-stale trajec
 (``runtime.drop_older_than``). ``runtime.mode = "sync"`` is the same pipeline with capacity and in-flight
 bound of exactly one batch.
 
-Faults (docs/training.md): episodes whose env or engine failed are dropped and counted by the producer; a
+Faults (docs/faults.md): episodes whose env or engine failed are dropped and counted by the producer; a
 dead engine process or server is restarted with the latest weights (`SupervisedEngine`); when that keeps
 failing (``engine.max_restarts``), every episode fails (``runtime.max_consecutive_drops`` in a row),
 training diverges (``trainer.max_consecutive_skips`` non-finite steps in a row), or a weight push misses

@@ -1,4 +1,4 @@
-"""Run checkpoints: written atomically, found robustly, restored exactly (invariant 6 of docs/training.md).
+"""Run checkpoints: written atomically, found robustly, restored exactly (invariant 6 of docs/concepts.md).
 
 A checkpoint is ``run_dir/checkpoints/step_{step:08d}/`` holding
 

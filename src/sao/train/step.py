@@ -1,4 +1,4 @@
-"""The RL training step: K critic updates on fixed targets, then one actor update (docs/algorithms.md).
+"""The RL training step: K critic updates on fixed targets, then one actor update (docs/concepts.md).
 
 Owns: the actor and critic AdamW optimizers (trainable parameters only), their lr schedules, the critic
 warm-up, gradient clipping, micro-batching with whole-batch normalisation, and the advantage estimator's

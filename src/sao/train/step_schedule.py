@@ -44,8 +44,8 @@ def actor_lr_factor(
 
 def critic_lr_factor(warmup_steps: int) -> Callable[[int], float]:
     """Multiplier of the critic lr after ``step`` trainer steps: linear warm-up over ``warmup_steps`` trainer
-    steps (one reading of the paper's "10-step warmup", docs/config.md), then 1. The K critic optimizer steps
-    of one trainer step share one lr."""
+    steps (one reading of the paper's "10-step warmup", docs/concepts.md), then 1. The K critic optimizer
+    steps of one trainer step share one lr."""
 
     def factor(step: int) -> float:
         return min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
