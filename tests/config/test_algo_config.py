@@ -113,3 +113,13 @@ def test_a_yaml_section_of_another_type_replaces_the_presets(tmp_path):
 def test_a_field_of_the_previous_type_is_refused_naming_the_key_and_the_type():
     message = _refused(["algo=running_mean_8", "algo.advantage.type=grpo", "algo.advantage.window=4"])
     assert "algo.advantage.window" in message and "grpo" in message
+
+
+def test_a_type_given_after_its_fields_in_one_layer_keeps_them():
+    """Within one layer (the overrides), the order of a field and its section's type does not matter."""
+    for overrides in (
+        ["algo.loss.eps_low=0.1", "algo.loss.type=ppo_clip"],
+        ["algo.loss.type=ppo_clip", "algo.loss.eps_low=0.1"],
+    ):
+        loss = load_config(None, ["model.tiny_arch=qwen3_moe", *overrides]).algo.loss
+        assert (loss.type, loss.eps_low, loss.eps_high) == ("ppo_clip", 0.1, 0.28), overrides
