@@ -186,7 +186,9 @@ def _merge(base: Mapping[str, Any], update: Mapping[str, Any], path: tuple[str, 
         here = (*path, str(key))
         lower = merged.get(key)
         if isinstance(value, Mapping) and isinstance(lower, Mapping):
-            retyped = here in _UNIONS and "type" in value and value["type"] != lower.get("type", value["type"])
+            retyped = (
+                here in _UNIONS and "type" in value and value["type"] != lower.get("type", value["type"])
+            )
             merged[key] = dict(value) if retyped else _merge(lower, value, here)
         else:
             merged[key] = value
