@@ -17,9 +17,9 @@ from sao.config import load_config  # noqa: E402
 from sao.engine.types import SamplingParams  # noqa: E402
 from sao.models.loading import load_policy  # noqa: E402
 from sao.runtime.build import FACTORIES  # noqa: E402
-from sao.runtime.ray_backend import RayParts  # noqa: E402
+from sao.runtime.ray_backend import RayParts, make_weight_sync  # noqa: E402
 from sao.runtime.ray_engine import state_checksum  # noqa: E402
-from sao.runtime.weight_sync import BroadcastSync, make_weight_sync  # noqa: E402
+from sao.runtime.weight_sync import BroadcastSync  # noqa: E402
 from sao.types import Batch, Trajectory  # noqa: E402
 
 

@@ -18,7 +18,8 @@ from sao.config import ModelConfig
 from sao.models.bpe import VOCAB_SIZE, build_bpe_tokenizer, train_bpe, training_corpus
 from sao.models.loading import load_policy, load_tokenizer, model_from_config
 from sao.models.templates import load_chat_template
-from sao.models.tokenizer import SPECIAL_TOKENS, build_named_tokenizer, build_tokenizer, padded_vocab_size
+from sao.models.tiny import build_named_tokenizer
+from sao.models.tokenizer import SPECIAL_TOKENS, build_tokenizer, padded_vocab_size
 
 MARKERS = [content for content, _ in SPECIAL_TOKENS]
 

@@ -15,13 +15,8 @@ import pytest
 from rich.console import Console
 
 from sao.config import ConfigError, RunConfig, load_config
-from sao.plan.resources import (
-    Architecture,
-    critic_parameter_sizes,
-    format_resource_plan,
-    parameter_sizes,
-    resource_plan,
-)
+from sao.plan.resource_table import format_resource_plan
+from sao.plan.resources import Architecture, critic_parameter_sizes, parameter_sizes, resource_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CONFIGS = sorted((ROOT / "configs" / "paper").glob("*.yaml"))

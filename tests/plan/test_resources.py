@@ -10,7 +10,8 @@ from rich.console import Console
 
 from sao.config import load_config
 from sao.plan.memory import local_engine_kv_bytes
-from sao.plan.resources import format_resource_plan, resource_plan
+from sao.plan.resource_table import format_resource_plan
+from sao.plan.resources import resource_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3_06B = "model.path=Qwen/Qwen3-0.6B"  # not a directory here: the shipped table

@@ -8,7 +8,6 @@ explicit flags; it never invents rates. See docs/planner.md.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -93,16 +92,13 @@ class _WorkloadSpecs:
     env_s: str | None
 
 
-def resource_plan(cfg: RunConfig) -> tuple[Any, Any] | None:
-    """``(plan, renderable)`` of `sao.plan.resources` (written separately); None while it does not exist."""
-    try:
-        module = importlib.import_module("sao.plan.resources")
-    except ModuleNotFoundError as err:
-        if err.name != "sao.plan.resources":
-            raise
-        return None
-    plan = module.resource_plan(cfg)
-    return plan, module.format_resource_plan(plan)
+def resource_plan(cfg: RunConfig) -> tuple[Any, Any]:
+    """``(plan, renderable)``: the static resource plan (`sao.plan.resources`) and its table."""
+    from sao.plan.resource_table import format_resource_plan
+    from sao.plan.resources import resource_plan as plan_resources
+
+    plan = plan_resources(cfg)
+    return plan, format_resource_plan(plan)
 
 
 def _jsonable(obj: Any) -> Any:

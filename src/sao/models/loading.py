@@ -28,8 +28,8 @@ from transformers import (
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 from sao.config import ConfigError, ModelConfig
-from sao.models.tiny import TinyArch, TinySize, tiny_checkpoint, tiny_config
-from sao.models.tokenizer import TokenizerKind, build_named_tokenizer
+from sao.models.tiny import TinyArch, TinySize, build_named_tokenizer, tiny_checkpoint, tiny_config
+from sao.models.tokenizer import TokenizerKind
 
 __all__ = [
     "checkpoint_dir",

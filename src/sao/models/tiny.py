@@ -33,6 +33,7 @@ from transformers import (
     GenerationConfig,
     PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerFast,
     Qwen3Config,
     Qwen3MoeConfig,
 )
@@ -42,7 +43,7 @@ from sao.models.tokenizer import (
     PAD_TOKEN,
     TOKENIZER_KINDS,
     TokenizerKind,
-    build_named_tokenizer,
+    build_tokenizer,
     padded_vocab_size,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "TINY_SIZES",
     "TinyArch",
     "TinySize",
+    "build_named_tokenizer",
     "build_tiny_model",
     "count_parameters",
     "tiny_checkpoint",
@@ -85,6 +87,23 @@ _SHAPES: dict[str, dict[str, int]] = {
 _TOP_K = 2
 _MAX_POSITIONS = 4096
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0}
+
+
+def build_named_tokenizer(kind: TokenizerKind, chat_template: str | None = None) -> PreTrainedTokenizerFast:
+    """A new tokenizer of ``kind``: ``"byte"`` (`sao.models.tokenizer.build_tokenizer`, default template its
+    `CHAT_TEMPLATE`) or ``"bpe"`` (`sao.models.bpe.build_bpe_tokenizer`, default template the shipped
+    ``qwen3``).
+    ``chat_template``: template text replacing the default. Raises ValueError for an unknown kind."""
+    if kind == "byte":
+        tokenizer = build_tokenizer()
+        if chat_template is not None:
+            tokenizer.chat_template = chat_template
+        return tokenizer
+    if kind == "bpe":
+        from sao.models.bpe import build_bpe_tokenizer
+
+        return build_bpe_tokenizer(chat_template)
+    raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
 
 
 def _special_ids(tokenizer_kind: TokenizerKind) -> dict[str, int]:

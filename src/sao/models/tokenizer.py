@@ -37,7 +37,6 @@ __all__ = [
     "TOKENIZER_KINDS",
     "TokenizerKind",
     "add_qwen_tokens",
-    "build_named_tokenizer",
     "build_tokenizer",
     "padded_vocab_size",
 ]
@@ -156,22 +155,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 TokenizerKind = Literal["byte", "bpe"]
 TOKENIZER_KINDS: tuple[str, ...] = ("byte", "bpe")
-
-
-def build_named_tokenizer(kind: TokenizerKind, chat_template: str | None = None) -> PreTrainedTokenizerFast:
-    """A new tokenizer of ``kind``: ``"byte"`` (`build_tokenizer`, default template `CHAT_TEMPLATE`) or
-    ``"bpe"`` (`sao.models.bpe.build_bpe_tokenizer`, default template the shipped ``qwen3``).
-    ``chat_template``: template text replacing the default. Raises ValueError for an unknown kind."""
-    if kind == "byte":
-        tokenizer = build_tokenizer()
-        if chat_template is not None:
-            tokenizer.chat_template = chat_template
-        return tokenizer
-    if kind == "bpe":
-        from sao.models.bpe import build_bpe_tokenizer
-
-        return build_bpe_tokenizer(chat_template)
-    raise ValueError(f"unknown tokenizer {kind!r}; choose one of {', '.join(TOKENIZER_KINDS)}")
 
 
 def padded_vocab_size(tokenizer: PreTrainedTokenizerFast, multiple: int = 64) -> int:

@@ -23,7 +23,8 @@ from pathlib import Path
 from rich.console import Console
 
 from sao.config import load_config
-from sao.plan.resources import ResourcePlan, format_resource_plan, resource_plan
+from sao.plan.resource_table import format_resource_plan
+from sao.plan.resources import ResourcePlan, resource_plan
 
 __all__ = ["WIDTH", "render_blocks", "render_page"]
 

@@ -52,7 +52,6 @@ from sao.plan.memory import (
     state_bytes_per_parameter,
     trainer_memory,
 )
-from sao.plan.resource_table import format_resource_plan, resource_rows
 
 __all__ = [
     "DEFAULT_ENGINE_MEMORY_FRACTION",
@@ -62,11 +61,9 @@ __all__ = [
     "ResourcePlan",
     "active_parameters",
     "critic_parameter_sizes",
-    "format_resource_plan",
     "model_architecture",
     "parameter_sizes",
     "resource_plan",
-    "resource_rows",
 ]
 
 DEFAULT_GPU_MEMORY_GIB = 80.0  # an 80 GB A100 / H100; pass 141 for an H200

@@ -20,10 +20,9 @@ from rich.console import Console
 
 from sao.types import Batch
 
-from .parts import RunParts
 from .weight_sync import WeightSync
 
-__all__ = ["Backend", "EngineHooks", "ModelDirs", "make_backend"]
+__all__ = ["Backend", "EngineHooks", "ModelDirs"]
 
 
 @dataclass(frozen=True)
@@ -76,14 +75,3 @@ class Backend(Protocol):
 
     async def close(self) -> None:
         """Stop the engine(s), the trainer ranks and a cluster the backend started."""
-
-
-def make_backend(parts: RunParts, console: Console) -> Backend:
-    """The backend of ``runtime.backend``, handed its own parts."""
-    if parts.loop.backend == "ray":
-        from .ray_backend import RayBackend
-
-        return RayBackend(parts.cluster, parts.engine, parts.trainer, parts.critic, parts.checkpoints.run_dir)
-    from .local_backend import LocalBackend
-
-    return LocalBackend(parts.threads, parts.engine, parts.actor, parts.critic, parts.trainer, console)

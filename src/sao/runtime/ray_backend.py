@@ -31,13 +31,14 @@ from .backend import EngineHooks, ModelDirs
 from .engine_guard import SupervisedEngine
 from .engine_pool import EnginePool, start_replicas
 from .engines import check_rope_scaling, server_settings
+from .native_weight_sync import NativeSync
 from .ray_cluster import RayCluster, actor_threads
 from .ray_engine import RemoteEngine, logging_settings, replica_class
 from .ray_server import launch_server_replica
 from .trainer_group import TrainerGroup, TrainerGroupArgs
-from .weight_sync import WeightSync, make_weight_sync, push_dtype
+from .weight_sync import BroadcastSync, DiskSync, ObjectStoreSync, WeightSync, push_dtype
 
-__all__ = ["RayBackend", "RayParts", "replica_starter"]
+__all__ = ["RayBackend", "RayParts", "make_weight_sync", "replica_starter"]
 
 
 @dataclass
@@ -259,3 +260,20 @@ def replica_starter(
         return RemoteEngine(actor, index, info)
 
     return start
+
+
+def make_weight_sync(
+    path: str, group: Any, pool: Any, run_dir: Path, backend: str, *, bucket_bytes: int | None = None
+) -> WeightSync:
+    """The Ray runtime's `WeightSync` for ``runtime.weight_sync`` (already resolved: not 'auto').
+    ``bucket_bytes``: ``runtime.weight_bucket_mb`` in bytes (None: the path's default)."""
+    if path == "object_store":
+        return ObjectStoreSync(group, pool)
+    if path == "disk":
+        return DiskSync(group, pool, run_dir / "weights")
+    if path == "broadcast":
+        return BroadcastSync(group, pool, backend, bucket_bytes=bucket_bytes)
+    if path in ("vllm", "sglang"):  # the servers' native NCCL transfer; falls back to disk
+        size = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
+        return NativeSync(group, pool, run_dir / "weights", wire=path, **size)  # type: ignore[arg-type]
+    raise ValueError(f"runtime.weight_sync={path!r} is not a path of the ray runtime")

@@ -24,7 +24,7 @@ from sao.sinks import METRICS_FILE
 from sao.types import Trajectory
 
 from .args import GatewayArgs, ModelArgs, RunLogArgs, SamplerArgs
-from .backend import EngineHooks, ModelDirs, make_backend
+from .backend import Backend, EngineHooks, ModelDirs
 from .build import assemble, build_env_factory, build_tasks, build_tokenizer
 from .clock import TrainingClock
 from .evaluation import TrainingEvaluator, load_eval_files
@@ -348,3 +348,14 @@ class RunSetup:
         if self.gateway is not None:  # first: no request may reach a closing engine
             await self.gateway.close()
         await self.backend.close()
+
+
+def make_backend(parts: RunParts, console: Console) -> Backend:
+    """The backend of ``runtime.backend``, handed its own parts."""
+    if parts.loop.backend == "ray":
+        from .ray_backend import RayBackend
+
+        return RayBackend(parts.cluster, parts.engine, parts.trainer, parts.critic, parts.checkpoints.run_dir)
+    from .local_backend import LocalBackend
+
+    return LocalBackend(parts.threads, parts.engine, parts.actor, parts.critic, parts.trainer, console)

@@ -36,7 +36,6 @@ __all__ = [
     "InprocSync",
     "ObjectStoreSync",
     "WeightSync",
-    "make_weight_sync",
     "push_dtype",
 ]
 
@@ -182,22 +181,3 @@ class BroadcastSync(ObjectStoreSync):
             return
         for replica in self.pool.replicas:
             replica.engine.set_version(version)
-
-
-def make_weight_sync(
-    path: str, group: Any, pool: Any, run_dir: Path, backend: str, *, bucket_bytes: int | None = None
-) -> WeightSync:
-    """The Ray runtime's `WeightSync` for ``runtime.weight_sync`` (already resolved: not 'auto').
-    ``bucket_bytes``: ``runtime.weight_bucket_mb`` in bytes (None: the path's default)."""
-    if path == "object_store":
-        return ObjectStoreSync(group, pool)
-    if path == "disk":
-        return DiskSync(group, pool, run_dir / "weights")
-    if path == "broadcast":
-        return BroadcastSync(group, pool, backend, bucket_bytes=bucket_bytes)
-    if path in ("vllm", "sglang"):  # the servers' native NCCL transfer; falls back to disk
-        from .native_weight_sync import NativeSync
-
-        size = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
-        return NativeSync(group, pool, run_dir / "weights", wire=path, **size)  # type: ignore[arg-type]
-    raise ValueError(f"runtime.weight_sync={path!r} is not a path of the ray runtime")
