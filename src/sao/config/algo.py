@@ -4,7 +4,7 @@ chosen by ``type``), and the critic schedule.
     algo:
       preset: sao
       advantage: {type: skip_observation_gae, lam_policy: adaptive, ...}   # sao.algos.estimators
-      loss: {type: dis, eps_low: 0.3, eps_high: 5.0}                       # sao.algos.losses
+      loss: {type: dis, eps_low: 0.3, eps_high: 5.0}                       # sao.algos.loss_types
       k_critic: 2
       group_size: 1
       value_pretrain: true
