@@ -14,17 +14,25 @@ On disk, and in what vLLM / SGLang load, one tensor per expert (``nn.Linear`` or
 where ``prefix`` ends in ``.mlp.experts``. Expert e computes ``down @ (silu(gate @ x) * (up @ x))``. Every
 other tensor (attention, router ``mlp.gate.weight``, norms, embeddings, dense MLPs) has the same name and
 shape in both layouts, so a dense model passes through unchanged.
+
+`save_unfused` writes a state dict as an HF directory in the checkpoint layout whatever the model object
+is. transformers' ``save_pretrained`` unfuses only the models it recognises: one loaded by
+``from_pretrained`` (which records the conversions it applied), or one whose class is its own. An FSDP2
+model is neither when built by ``from_config`` (`load_sharded_policy`): ``fully_shard`` swaps its class
+for ``FSDPQwen3MoeForCausalLM``, defined outside transformers and so taken for custom code, and
+``save_pretrained`` then wrote the fused in-memory tensors, which `load_sharded_policy` cannot read.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["checkpoint_names", "fuse_experts", "unfuse_experts"]
+__all__ = ["checkpoint_names", "fuse_experts", "save_unfused", "unfuse_experts"]
 
 _FUSED = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<kind>gate_up_proj|down_proj)$")
 _PER_EXPERT = re.compile(
@@ -109,3 +117,18 @@ def checkpoint_names(model: nn.Module) -> dict[str, tuple[int, ...]]:
     all_params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     state = {name: t for name, t in model.state_dict().items() if name in kept or name not in all_params}
     return {name: tuple(t.shape) for name, t in unfuse_experts(state).items()}
+
+
+def save_unfused(model: nn.Module, path: str | os.PathLike[str], state_dict: dict[str, Tensor]) -> None:
+    """``model.save_pretrained(path, state_dict=...)`` (config, generation config, safetensors) with the
+    experts one tensor per expert (`unfuse_experts`), whatever ``model``'s class (module docstring): the
+    layout of ``save_pretrained`` of the plain model, which ``from_pretrained``, `load_policy` and
+    `load_sharded_policy` read. ``state_dict``: full tensors under the model's names; it is emptied as
+    it is written (each fused tensor is dropped once copied per expert: where the caller holds no other
+    reference, the peak is the state plus one fused tensor)."""
+    tensors: dict[str, Tensor] = {}
+    for name in list(state_dict):
+        tensor = state_dict.pop(name)
+        for key, part in unfuse_experts({name: tensor}).items():
+            tensors[key] = part if part is tensor else part.clone()  # safetensors refuses shared storage
+    model.save_pretrained(path, state_dict=tensors, save_original_format=False)  # type: ignore[operator]

@@ -6,8 +6,9 @@
   name: entries ``actor``, ``critic``, ``actor_optim``, ``critic_optim``);
 - ``actor/`` and, with a critic, ``critic/``: the full weights as Hugging Face directories (rank 0), laid
   out as ``save_pretrained`` of the plain models writes them (`CriticModel.save_pretrained` is its token
-  classification model's), so `sao.train.checkpoint_load.load_checkpoint`, ``sao eval --model dir/actor`` and
-  the one-process runtime read them.
+  classification model's; MoE experts one tensor per expert, `sao.models.moe_names.save_unfused`), so
+  `sao.train.checkpoint_load.load_checkpoint`, ``sao eval --model dir/actor``, the one-process runtime and
+  the sharded loaders (`load_sharded_policy`, `load_sharded_critic`: a resume on ranks) read them.
 
 `load_sharded` restores the shards on any number of ranks (DCP reshards: W' need not be the W that
 wrote it); `load_plain` restores them into one process without a process group, exactly. An optimizer that
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.optim import Optimizer
 
 from sao.models.critic import CriticModel
+from sao.models.moe_names import save_unfused
 from sao.models.sharding import full_state_dict
 
 __all__ = ["DCP_DIR", "has_sharded", "load_plain", "load_sharded", "save_sharded", "saved_entries"]
@@ -78,7 +80,7 @@ def save_sharded(
     critic_state = full_state_dict(critic) if critic is not None else None
     if dist.get_rank() != 0:
         return
-    actor.save_pretrained(directory / "actor", state_dict=actor_state)
+    save_unfused(actor, directory / "actor", actor_state)
     if critic is not None:
         assert critic_state is not None
         _save_critic(critic, critic_state, directory / "critic")
@@ -87,8 +89,8 @@ def save_sharded(
 def _save_critic(critic: nn.Module, state: dict, path: Path) -> None:
     if not isinstance(critic, CriticModel):
         raise TypeError(f"the critic must be a CriticModel, got {type(critic).__name__}")
-    inner = {k.removeprefix(_CRITIC_PREFIX): v for k, v in state.items()}
-    critic.model.save_pretrained(path, state_dict=inner)
+    inner = {k.removeprefix(_CRITIC_PREFIX): state.pop(k) for k in list(state)}  # save_unfused frees them
+    save_unfused(critic.model, path, inner)
 
 
 def saved_entries(directory: str | Path) -> set[str]:
