@@ -17,7 +17,16 @@ from sao.user_code import UserCodeError, load_symbol
 
 from .base import AdvantageEstimator, AlgoPart, PolicyLoss
 
-__all__ = ["CustomEstimator", "CustomLoss"]
+__all__ = ["CustomEstimator", "CustomFieldsError", "CustomLoss"]
+
+
+class CustomFieldsError(ValueError):
+    """The user's class refused its fields: ``problems`` lists ``(field, message)``; ``origin`` names the
+    class and its source (the config loader reports each as ``algo.<section>.<field>``)."""
+
+    def __init__(self, origin: str, problems: list[tuple[str, str]]) -> None:
+        self.origin, self.problems = origin, problems
+        super().__init__(f"{origin}: " + "; ".join(f"{field}: {msg}" for field, msg in problems))
 
 
 def _instantiate(path: str, base: type[AlgoPart], kwargs: dict[str, Any]) -> Any:
@@ -30,10 +39,8 @@ def _instantiate(path: str, base: type[AlgoPart], kwargs: dict[str, Any]) -> Any
     try:
         return cls.model_validate(kwargs)
     except ValidationError as err:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or cls.__name__}: {e['msg']}" for e in err.errors()
-        )
-        raise ValueError(f"{cls.__name__} ({path}): {problems}") from None
+        problems = [(".".join(str(p) for p in e["loc"]) or cls.__name__, e["msg"]) for e in err.errors()]
+        raise CustomFieldsError(f"{cls.__name__} from {path}", problems) from None
 
 
 class _Custom(AlgoPart):

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from sao.algos.custom import CustomFieldsError
 from sao.config.algo import MOVED_KEYS, AlgoConfig
 from sao.config.schema import DEFAULT_PRESET, ConfigError, RunConfig
 from sao.config.unions import union_paths, union_variants
@@ -231,6 +232,11 @@ def _format_errors(err: ValidationError) -> str:
     problems: dict[str, tuple[Any, list[str]]] = {}
     for e in err.errors():
         key, model = _dotted_loc(e["loc"])
+        cause = e.get("ctx", {}).get("error")
+        if isinstance(cause, CustomFieldsError):  # a user class's own fields: one line per field
+            for field, text in cause.problems:
+                problems.setdefault(f"{key}.{field}", (None, []))[1].append(f"{text} ({cause.origin})")
+            continue
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "union_tag_invalid":
             key, msg = f"{key}.type", f"unknown type; choose one of {e['ctx']['expected_tags']}"
