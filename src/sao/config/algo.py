@@ -15,7 +15,7 @@ A user's own class: ``{type: custom, path: my_algo.py:MyLoss, ...its fields}`` (
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -25,7 +25,7 @@ from sao.algos.loss_types import DIS, PPOClip
 
 from .section import Section
 
-__all__ = ["DEFAULT_PRESET", "MOVED_KEYS", "Advantage", "AlgoConfig", "Loss"]
+__all__ = ["DEFAULT_PRESET", "FLAT_DEFAULTS", "MOVED_KEYS", "Advantage", "AlgoConfig", "Loss"]
 
 DEFAULT_PRESET = "sao"
 
@@ -58,6 +58,18 @@ MOVED_KEYS: dict[str, str] = {
     "spo_sampling_floor": "advantage.sampling_floor",
     "spo_prioritized_sampling": "advantage.prioritized_sampling",
 }
+
+# The flat section's defaults (the sao preset's): what `sao config --migrate` and the sweep's run keys
+# (`sao.sweep.legacy_keys`) compare flat values with.
+FLAT_DEFAULTS: dict[str, Any] = {
+    "preset": DEFAULT_PRESET, "advantage": "skip_observation_gae", "step_value": "average",
+    "policy_loss": "dis", "eps_low": 0.3, "eps_high": 5.0, "loss_agg": "token-mean", "nll_coef": 0.0,
+    "gamma": 1.0, "lam_critic": 1.0, "lam_policy": "adaptive", "adaptive_alpha": 1.5,
+    "adaptive_length": "action", "k_critic": 2, "group_size": 1, "normalize_std": True,
+    "running_mean_window": 8, "running_mean_scope": "prompt", "spo_d_half": 0.06, "spo_rho_min": 0.875,
+    "spo_rho_max": 0.96, "spo_sampling_floor": 0.05, "spo_prioritized_sampling": True,
+    "value_pretrain": True, "truncation": "terminal",
+}  # fmt: skip
 
 
 class AlgoConfig(Section):

@@ -11,20 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .algo import MOVED_KEYS, AlgoConfig
+from .algo import FLAT_DEFAULTS, MOVED_KEYS, AlgoConfig
 from .unions import union_variants
 
 __all__ = ["migrate_config"]
-
-# The flat section's defaults (the sao preset's): a dropped key at its default needs no note.
-_OLD_DEFAULTS: dict[str, Any] = {
-    "advantage": "skip_observation_gae", "step_value": "average", "policy_loss": "dis", "eps_low": 0.3,
-    "eps_high": 5.0, "loss_agg": "token-mean", "nll_coef": 0.0, "gamma": 1.0, "lam_critic": 1.0,
-    "lam_policy": "adaptive", "adaptive_alpha": 1.5, "adaptive_length": "action", "normalize_std": True,
-    "running_mean_window": 8, "running_mean_scope": "prompt", "spo_d_half": 0.06, "spo_rho_min": 0.875,
-    "spo_rho_max": 0.96, "spo_sampling_floor": 0.05, "spo_prioritized_sampling": True,
-    "truncation": "terminal",
-}  # fmt: skip
 
 
 def migrate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
@@ -54,7 +44,7 @@ def migrate_config(data: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
             continue
         if _has_field(section, sections[section].get("type"), field):
             sections[section][field] = value
-        elif value != _OLD_DEFAULTS.get(key):
+        elif value != FLAT_DEFAULTS.get(key):
             kind = sections[section].get("type", "the preset's")
             notes.append(f"algo.{key}={value!r} dropped: {kind} {section} has no {field} (it was ignored)")
     for section, values in sections.items():

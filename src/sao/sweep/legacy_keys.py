@@ -10,20 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sao.config.algo import MOVED_KEYS
+from sao.config.algo import FLAT_DEFAULTS, MOVED_KEYS
 
 __all__ = ["legacy_algo"]
 
-# The flat section's defaults (the sao preset's), as run keys were computed against them.
-_OLD_DEFAULTS: dict[str, Any] = {
-    "preset": "sao", "advantage": "skip_observation_gae", "step_value": "average", "policy_loss": "dis",
-    "eps_low": 0.3, "eps_high": 5.0, "loss_agg": "token-mean", "nll_coef": 0.0, "gamma": 1.0,
-    "lam_critic": 1.0, "lam_policy": "adaptive", "adaptive_alpha": 1.5, "adaptive_length": "action",
-    "k_critic": 2, "group_size": 1, "normalize_std": True, "running_mean_window": 8,
-    "running_mean_scope": "prompt", "spo_d_half": 0.06, "spo_rho_min": 0.875, "spo_rho_max": 0.96,
-    "spo_sampling_floor": 0.05, "spo_prioritized_sampling": True, "value_pretrain": True,
-    "truncation": "terminal",
-}  # fmt: skip
 _OLD_NAME = {new: old for old, new in MOVED_KEYS.items()}
 
 
@@ -41,4 +31,4 @@ def legacy_algo(algo: dict[str, Any]) -> dict[str, Any]:
         for key, value in part.items():
             flat[_OLD_NAME.get(f"{section}.{key}", f"{section}.{key}")] = value
     flat.update({k: v for k, v in algo.items() if k not in ("advantage", "loss")})
-    return {k: v for k, v in flat.items() if k not in _OLD_DEFAULTS or _OLD_DEFAULTS[k] != v}
+    return {k: v for k, v in flat.items() if k not in FLAT_DEFAULTS or FLAT_DEFAULTS[k] != v}
