@@ -117,8 +117,7 @@ class Trainer:
     ) -> None:
         self.estimator = args.estimator.build()
         self.loss = args.loss.build()
-        self.uses_critic = bool(self.estimator.uses_critic)
-        if self.uses_critic and critic is None:
+        if self.estimator.uses_critic and critic is None:
             raise ValueError(f"algo.advantage.type={args.estimator.type!r} needs a critic, got None")
         if args.gradient_sync not in ("step", "micro_batch"):
             raise ValueError(f"gradient_sync must be 'step' or 'micro_batch', got {args.gradient_sync!r}")
@@ -140,7 +139,7 @@ class Trainer:
             self.actor_optim, actor_lr_factor(opt.lr_schedule, opt.warmup_steps, opt.total_steps)
         )
         self.critic_learner: CriticLearner | None = None
-        if self.uses_critic:
+        if self.estimator.uses_critic:
             assert critic is not None
             self.critic_learner = CriticLearner(critic, args.critic, self.collective, args.gradient_sync,
                                                 self.device)  # fmt: skip
@@ -154,6 +153,10 @@ class Trainer:
         self._capture: StepCapture | None = None  # filled during a capturing step
 
     # ---- the critic's parts (None / 0 without a critic) --------------------------------------------
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.critic_learner is not None
 
     @property
     def critic_optim(self) -> torch.optim.Optimizer | None:
