@@ -8,6 +8,7 @@ choices we make where the paper is silent (docs/algorithms.md); each is an optio
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,7 @@ from .runtime import (
 )
 from .section import ConfigError, Section
 from .sections import DataConfig, EvalConfig, GatewayConfig, LoggingConfig, TrainerConfig
+from .unions import union_paths
 
 __all__ = [
     "DEFAULT_PRESET",
@@ -251,7 +253,7 @@ class RunConfig(Section):
     def to_yaml_dict(self) -> dict[str, Any]:
         """Plain data (str/int/float/bool/None/list/dict) in field order, ready for yaml.safe_dump."""
         data = self.model_dump(mode="json")
-        for key in ("advantage", "loss"):  # the type first: it says which class the other keys belong to
-            section = data["algo"][key]
-            data["algo"][key] = {"type": section.pop("type"), **section}
+        for *path, key in union_paths(type(self)):  # the type first: it says whose the other keys are
+            parent = functools.reduce(lambda d, k: d[k], path, data)
+            parent[key] = {"type": parent[key].pop("type"), **parent[key]}
         return data
