@@ -62,7 +62,7 @@ def _trainer(model: Path, preset: str):
     from sao.models.attention import PACKED_ATTENTION
     from sao.models.critic import load_critic
     from sao.models.loading import load_policy
-    from sao.runtime.build import FACTORIES, build_trainer
+    from sao.runtime import build
 
     extra = ["algo.group_size=8"] if preset == "grpo" else []
     cfg = load_config(None, [f"algo={preset}", *extra, f"model.path={model}", "model.dtype=float32",
@@ -71,7 +71,9 @@ def _trainer(model: Path, preset: str):
     critic = None
     if cfg.algo.uses_critic:
         critic = load_critic(model, freeze=cfg.critic.freeze, dtype="float32", device="cpu", head_init="zero")
-    return build_trainer(FACTORIES["trainer"](cfg), actor, critic)
+    if "loss" in type(cfg.algo).model_fields:  # typed algorithm configs (issue 29)
+        return build.build_trainer(build.FACTORIES["trainer"](cfg), actor, critic)
+    return build.build_trainer(cfg, actor, critic)  # an earlier commit: the trainer took the run config
 
 
 def measure(model: Path, preset: str, steps: int) -> float:
