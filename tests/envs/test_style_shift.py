@@ -15,10 +15,11 @@ import pytest
 
 from conftest import free_port
 from sao.envs import make_env
-from sao.envs.base import Task, TrainingProgress, notify_training_progress
-from sao.envs.judges import STYLES, LLMJudge, RuleJudge, Verdict, parse_judge_answer
+from sao.envs.base import EnvError, JudgeError, Task, TrainingProgress, notify_training_progress
+from sao.envs.judge_client import JudgeRequestError
+from sao.envs.judges import STYLES, RuleJudge, Verdict, parse_judge_answer
 from sao.envs.sft_data import PLAIN, STYLE_TEMPLATES, main, style_conversations, style_reply
-from sao.envs.style_shift import OPTIMAL_SCORE, TOPICS, StyleSchedule, StyleShiftEnv, make_tasks
+from sao.envs.style_shift import OPTIMAL_SCORE, TOPICS, LLMJudge, StyleSchedule, StyleShiftEnv, make_tasks
 
 GOOD = {  # one reply per style that the rule judge accepts, for the topic "cat"
     "cute": "The cat is so fluffy~",
@@ -233,8 +234,12 @@ def test_parse_judge_answer_is_strict(answer, parsed):
     assert parse_judge_answer(answer) == parsed
 
 
-def _mock_judge(handler) -> LLMJudge:
-    return LLMJudge("http://judge.test", "grader", transport=httpx.MockTransport(handler))
+def _mock_judge(handler, **options) -> LLMJudge:
+    return LLMJudge("http://judge.test", "grader", transport=httpx.MockTransport(handler), **options)
+
+
+def _answering(content):
+    return lambda _r: httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
 
 
 def test_llm_judge_parses_a_well_formed_answer_and_sends_the_task():
@@ -247,50 +252,91 @@ def test_llm_judge_parses_a_well_formed_answer_and_sends_the_task():
 
     env = StyleShiftEnv(judge=_mock_judge(handler))
     result = episode(env, "The cat is fluffy~")[1]
-    assert result.reward == 1.0 and "judge_error" not in result.info
+    assert result.reward == 1.0 and result.info["judge_details"] == "QUALITY: yes STYLE: yes"
     assert seen["url"] == "http://judge.test/v1/chat/completions"
-    assert seen["body"]["model"] == "grader"
+    assert (seen["body"]["model"], seen["body"]["max_tokens"], seen["body"]["temperature"]) == (
+        "grader",
+        32,
+        0.0,
+    )
+    assert seen["body"]["messages"][0]["content"].startswith(
+        "You are a strict grader. Reply exactly: QUALITY"
+    )
     prompt = seen["body"]["messages"][-1]["content"]
     assert "cat" in prompt and "cute" in prompt and "The cat is fluffy~" in prompt
 
 
 def test_llm_judge_verdicts_map_to_rewards():
-    def answering(content):
-        return lambda _r: httpx.Response(200, json={"choices": [{"message": {"content": content}}]})
-
     run = asyncio.run
-    assert run(_mock_judge(answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")) == Verdict(
+    assert run(_mock_judge(_answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")) == Verdict(
         True, False, details="QUALITY: yes STYLE: no"
     )
-    assert run(_mock_judge(answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")).reward == 0.0
+    assert run(_mock_judge(_answering("QUALITY: yes STYLE: no")).grade("cat", "cute", "x")).reward == 0.0
+    thinking = run(
+        _mock_judge(_answering("<think>hmm</think>QUALITY: yes STYLE: yes")).grade("cat", "cute", "x")
+    )
+    assert (thinking.quality, thinking.style, thinking.reward) == (True, True, 1.0)
 
 
 @pytest.mark.parametrize(
-    "handler",
+    ("handler", "kind"),
     [
-        lambda _r: httpx.Response(500, text="boom"),
-        lambda _r: httpx.Response(200, text="not json"),
-        lambda _r: httpx.Response(200, json={"choices": []}),
-        lambda _r: httpx.Response(200, json={"choices": [{"message": {"content": "looks good to me"}}]}),
+        (lambda _r: httpx.Response(500, text="boom"), "http"),
+        (lambda _r: httpx.Response(200, text="not json"), "http"),
+        (lambda _r: httpx.Response(200, json={"choices": []}), "http"),
+        (_answering("looks good to me"), "parse"),
+        (_answering("Sure! QUALITY: yes STYLE: yes"), "parse"),  # the strict answer only
     ],
 )
-def test_llm_judge_failures_give_reward_0_with_judge_error(handler):
-    result = episode(StyleShiftEnv(judge=_mock_judge(handler)), "The cat is fluffy~")[1]
-    assert result.reward == 0.0 and result.done and result.info["judge_error"]
+def test_llm_judge_failures_raise_judge_error_instead_of_a_reward(handler, kind):
+    with pytest.raises(JudgeRequestError) as err:
+        episode(StyleShiftEnv(judge=_mock_judge(handler, retries=0)), "The cat is fluffy~")
+    assert err.value.kind == kind and isinstance(err.value, JudgeError)
 
 
-def test_a_judge_that_raises_costs_the_reward_not_the_run():
+def test_llm_judge_retries_a_busy_server_and_caches_repeated_texts():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            return httpx.Response(503, headers={"Retry-After": "0"})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "QUALITY: yes STYLE: yes"}}]})
+
+    judge = _mock_judge(handler, backoff_s=0.001)
+    assert [episode(StyleShiftEnv(judge=judge), GOOD["cute"])[1].reward for _ in range(2)] == [1.0, 1.0]
+    stats = judge.client.stats()
+    assert (len(calls), stats["retries"], stats["cache_hits"]) == (2, 1, 1)
+
+
+def test_a_custom_judges_error_verdict_raises_judge_error_and_its_exception_propagates():
+    class Failing:
+        async def grade(self, topic, style, text):
+            return Verdict(False, False, error="grader offline")
+
     class Broken:
         async def grade(self, topic, style, text):
             raise RuntimeError("judge exploded")
 
-    result = episode(StyleShiftEnv(judge=Broken()), "The cat is fluffy~")[1]
-    assert result.reward == 0.0 and "judge exploded" in result.info["judge_error"]
+    with pytest.raises(JudgeError, match="grader offline"):
+        episode(StyleShiftEnv(judge=Failing()), "The cat is fluffy~")
+    with pytest.raises(RuntimeError, match="judge exploded"):  # the agent loop drops it as env_error
+        episode(StyleShiftEnv(judge=Broken()), "The cat is fluffy~")
 
 
-def test_make_env_builds_an_llm_judge_from_plain_options():
-    env = make_env("style_shift", judge="llm", judge_options={"base_url": "http://h:1/v1", "model": "m"})
+def test_make_env_builds_an_llm_judge_from_plain_options_sharing_one_client():
+    options = {"base_url": "http://h:1/v1", "model": "m", "timeout_s": 5, "retries": 1, "concurrency": 4}
+    env = make_env("style_shift", judge="llm", judge_options=options)
     assert isinstance(env.judge, LLMJudge) and env.judge.url == "http://h:1/v1/chat/completions"
+    settings = env.judge.client.settings
+    assert (settings.timeout_s, settings.retries, settings.concurrency, settings.max_tokens) == (5, 1, 4, 32)
+    # envs are built per episode: they share one client (connections, concurrency bound, cache, counters)
+    again = make_env("style_shift", judge="llm", judge_options=dict(options))
+    assert again.judge.client is env.judge.client
+    with pytest.raises(EnvError, match="unknown LLM judge option"):
+        make_env("style_shift", judge="llm", judge_options={**options, "api_key": "x"})
+    with pytest.raises(EnvError, match="prompt"):
+        make_env("style_shift", judge="llm", judge_options={**options, "prompt": "{response}"})
     with pytest.raises(ValueError, match="unknown judge"):
         StyleShiftEnv(judge="oracle")
 
@@ -304,22 +350,24 @@ def gateway_url(tiny_moe_dir, tiny_tokenizer, serve_app):
     return serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=16))
 
 
-def test_llm_judge_against_the_real_gateway_returns_a_clean_zero_on_an_unparseable_answer(gateway_url):
+def test_llm_judge_against_the_real_gateway_raises_judge_error_on_an_unparseable_answer(gateway_url):
     judge = LLMJudge(gateway_url, "sao", timeout_s=60)
-    verdict = asyncio.run(judge.grade("cat", "cute", "The cat is fluffy~"))
-    # The untrained tiny model answers gibberish: an error verdict carrying the raw answer, no exception.
-    assert verdict.error is not None and verdict.error.startswith("unparseable judge answer")
-    assert isinstance(verdict.details, str) and verdict.reward == 0.0
-    result = episode(
-        StyleShiftEnv(judge="llm", judge_options={"base_url": gateway_url + "/v1", "model": "sao"}), "x"
-    )[1]
-    assert result.reward == 0.0 and result.info["judge_error"].startswith("unparseable judge answer")
+    # The untrained tiny model answers gibberish: the grade fails (parse, not retried); no reward is made up.
+    with pytest.raises(JudgeRequestError, match="unparseable answer") as err:
+        asyncio.run(judge.grade("cat", "cute", "The cat is fluffy~"))
+    assert err.value.kind == "parse" and judge.client.stats()["requests"] == 1
+    env = StyleShiftEnv(
+        judge="llm", judge_options={"base_url": gateway_url + "/v1", "model": "sao", "timeout_s": 60}
+    )
+    with pytest.raises(JudgeError, match="judge parse failure after 1 attempt"):
+        episode(env, "x")
 
 
-def test_llm_judge_reports_an_unreachable_server_as_judge_error():
-    judge = LLMJudge(f"http://127.0.0.1:{free_port()}", "sao", timeout_s=5)
-    verdict = asyncio.run(judge.grade("cat", "cute", "x"))
-    assert verdict.reward == 0.0 and verdict.error.startswith("judge request failed")
+def test_llm_judge_reports_an_unreachable_server_as_a_transport_judge_error():
+    judge = LLMJudge(f"http://127.0.0.1:{free_port()}", "sao", timeout_s=5, retries=1, backoff_s=0.01)
+    with pytest.raises(JudgeRequestError, match="transport failure after 2 attempt") as err:
+        asyncio.run(judge.grade("cat", "cute", "x"))
+    assert err.value.kind == "transport"
 
 
 # --- the SFT warm-start data ------------------------------------------------------------------------

@@ -34,6 +34,7 @@ __all__ = [
     "ENV_TASKS",
     "Env",
     "EnvError",
+    "JudgeError",
     "Message",
     "StepResult",
     "Task",
@@ -52,6 +53,12 @@ Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "
 
 class EnvError(ValueError):
     """An environment that cannot be found, loaded or built (configuration error, not a model error)."""
+
+
+class JudgeError(RuntimeError):
+    """A reward that could not be obtained from a judge (an LLM grader that failed, timed out or answered
+    unparseably after its retries). Raised from ``step`` (or ``score``), it drops the episode with reason
+    ``judge_error`` instead of training on a made-up reward; the run goes on."""
 
 
 @dataclass(frozen=True)

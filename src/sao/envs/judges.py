@@ -1,6 +1,8 @@
-"""Judges for the ``style_shift`` writing task: does a text have *quality*, and is it in a given *style*?
+"""Judges for the ``style_shift`` writing task (does a text have *quality*, and is it in a given *style*?)
+and the parsers of LLM judges' answers.
 
-A judge returns a `Verdict`; the env's reward is ``quality × style`` ∈ {0, 1}. Two judges:
+A style judge returns a `Verdict`; the env's reward is ``quality × style`` ∈ {0, 1}. The judges are
+`RuleJudge` (here) and `sao.envs.style_shift.LLMJudge` (an LLM behind `sao.envs.judge_client`).
 
 `RuleJudge` — deterministic and satisfiable by a tiny model. Words are the runs of ASCII letters of the
 lower-cased text (``"Thy cat's fur~"`` → ``thy, cat, s, fur``).
@@ -17,29 +19,30 @@ lower-cased text (``"Thy cat's fur~"`` → ``thy, cat, s, fur``).
   classical     a word in thee thou thy thine hath doth ere
   ============  ==========================================================================
 
-`LLMJudge` — asks any OpenAI-compatible endpoint (``POST {base_url}/v1/chat/completions``) and parses the
-strict answer ``QUALITY: yes|no STYLE: yes|no`` (case-free, an optional comma/semicolon between). A failed
-request or an unparseable answer is a zero verdict with ``error`` set — never an exception.
+Reading an LLM judge's answer: `parse_score` (a number on a scale, the `sao.envs.judge_client` parser)
+and `parse_judge_answer` (the strict ``QUALITY: yes|no STYLE: yes|no`` of style_shift's
+`sao.envs.style_shift.LLMJudge`), both pure functions.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import httpx
-
 __all__ = [
     "STYLES",
     "STYLE_MARKERS",
     "Judge",
-    "LLMJudge",
     "RuleJudge",
     "Verdict",
-    "make_judge",
+    "check_style",
     "parse_judge_answer",
+    "parse_score",
+    "strip_think",
 ]
 
 STYLES = ("cute", "chuunibyou", "classical")
@@ -60,14 +63,14 @@ STYLE_DESCRIPTIONS = {
 MIN_WORDS, MAX_WORDS, MAX_REPEATS = 3, 30, 3
 END_PUNCTUATION = frozenset(".!?~♡")
 
-_JUDGE_SYSTEM = "You are a strict grader. Reply exactly: QUALITY: yes|no STYLE: yes|no"
 _WORD = re.compile(r"[a-z]+")
 _ANSWER = re.compile(r"\s*QUALITY\s*:\s*(yes|no)\s*[,;]?\s*STYLE\s*:\s*(yes|no)\s*\.?\s*", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    """A judge's grade of one text; ``error`` is set when the judge could not grade (reward 0)."""
+    """A judge's grade of one text; ``error`` is set when the judge could not grade (`StyleShiftEnv` then
+    raises `sao.envs.base.JudgeError`: no reward)."""
 
     quality: bool
     style: bool
@@ -83,7 +86,7 @@ class Judge(Protocol):
     async def grade(self, topic: str, style: str, text: str) -> Verdict: ...
 
 
-def _check_style(style: str) -> None:
+def check_style(style: str) -> None:
     if style not in STYLE_MARKERS:
         raise ValueError(f"unknown style {style!r}; known: {', '.join(STYLES)}")
 
@@ -119,7 +122,7 @@ class RuleJudge:
         }
 
     def grade_sync(self, topic: str, style: str, text: str) -> Verdict:
-        _check_style(style)
+        check_style(style)
         problems = self.quality_problems(topic, text)
         found = self.styles_of(text)
         notes = list(problems)
@@ -141,80 +144,67 @@ def parse_judge_answer(answer: str | None) -> tuple[bool, bool] | None:
     return match.group(1).lower() == "yes", match.group(2).lower() == "yes"
 
 
-class LLMJudge:
-    """An LLM behind an OpenAI-compatible chat endpoint grades quality and style.
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?"
+_MARKER = re.compile(
+    rf"\b(?:scores?|rating|grade)\b[\"'*_\s]*(?:[:=]|\bis\b|\bof\b)?[\"'*_\s]*({_NUM})"
+    rf"(?:\s*(?:/|\bout\s+of\b)\s*({_NUM}))?",
+    re.IGNORECASE,
+)
+_FRACTION = re.compile(rf"(?<![\w.])({_NUM})\s*/\s*({_NUM})")
+_BOLD = re.compile(rf"\*\*\s*({_NUM})\s*\*\*")
+_BARE = re.compile(rf"[\s*]*({_NUM})\.?[\s*]*")
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 
-    Args:
-        base_url: the server, with or without the trailing ``/v1``.
-        model: the model name to request.
-        api_key: sent as a bearer token (local servers ignore it).
-        timeout_s: per request.
-        max_tokens: the answer budget (the strict answer is ~23 characters).
-        transport: an httpx transport (tests, custom routing); default: the network.
+
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks; a lone ``</think>`` (the template opened it)
+    drops what precedes it, an unclosed ``<think>`` what follows it (unfinished thinking is no answer)."""
+    text = _THINK.sub("", text)
+    if "</think>" in text:
+        text = text.rsplit("</think>", 1)[1]
+    return text.split("<think>", 1)[0]
+
+
+def _as_float(raw: Any) -> float | None:
+    try:
+        return float(raw) if isinstance(raw, int | float | str) and not isinstance(raw, bool) else None
+    except ValueError:
+        return None
+
+
+def _json_score(text: str) -> tuple[bool, float | None]:
+    """(found, value) when the braces of ``text`` (fences and prose around them aside) hold a JSON object
+    with a ``score`` key (any case)."""
+    try:
+        obj = json.loads(text[text.index("{") : text.rindex("}") + 1])
+    except (ValueError, RecursionError):
+        return False, None
+    key = next((k for k in obj if k.lower() == "score"), None) if isinstance(obj, dict) else None
+    return key is not None, None if key is None else _as_float(obj[key])
+
+
+def parse_score(text: str | None, lo: float, hi: float) -> float | None:
+    """The score a judge's answer gives on the scale [lo, hi], or None when it gives none.
+
+    After dropping ``<think>`` blocks (`strip_think`), the first rule that finds something decides:
+    (1) a JSON object with a ``"score"`` key; (2) the last explicit marker, ``score``/``rating``/``grade``
+    then an optional ``:``, ``=``, ``is`` or ``of`` and a number, optionally ``/ hi`` or ``out of hi``
+    (``Score: 7``, ``**Score:** 7``, ``score = 7/10``, ``a score of 7``); (3) the last fraction ``n/hi``;
+    (4) the last bold number ``**8**``; (5) an answer that is only a number. A value outside [lo, hi],
+    non-finite, or over a denominator other than ``hi`` gives None, never a fallback to another number.
     """
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str = "unused",
-        timeout_s: float = 30.0,
-        max_tokens: int = 32,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        base = base_url.rstrip("/")
-        self.url = (base if base.endswith("/v1") else base + "/v1") + "/chat/completions"
-        self.model = model
-        self.api_key = api_key
-        self.timeout_s = timeout_s
-        self.max_tokens = max_tokens
-        self._transport = transport
-
-    def request_body(self, topic: str, style: str, text: str) -> dict[str, Any]:
-        prompt = (
-            f"Task: write one sentence about {topic}.\n"
-            f"Wanted style: {style} ({STYLE_DESCRIPTIONS[style]}).\n"
-            f"QUALITY is yes if the text is one fluent, sensible sentence about {topic}.\n"
-            "STYLE is yes if it is clearly in the wanted style.\n"
-            f"Text: {text}"
-        )
-        return {
-            "model": self.model,
-            "messages": [
-                {"role": "system", "content": _JUDGE_SYSTEM},
-                {"role": "user", "content": prompt},
-            ],
-            "temperature": 0.0,
-            "max_tokens": self.max_tokens,
-        }
-
-    async def grade(self, topic: str, style: str, text: str) -> Verdict:
-        _check_style(style)
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, transport=self._transport) as client:
-                response = await client.post(
-                    self.url,
-                    json=self.request_body(topic, style, text),
-                    headers={"Authorization": f"Bearer {self.api_key}"},
-                )
-            response.raise_for_status()
-            answer = response.json()["choices"][0]["message"]["content"]
-        except Exception as err:  # any failure of the judge is a zero reward, not a crashed rollout
-            return Verdict(False, False, error=f"judge request failed: {type(err).__name__}: {err}"[:300])
-        parsed = parse_judge_answer(answer)
-        if parsed is None:
-            return Verdict(
-                False, False, error=f"unparseable judge answer: {str(answer)[:200]!r}", details=answer
-            )
-        return Verdict(*parsed, details=answer)
-
-
-def make_judge(kind: str = "rule", **kwargs: Any) -> Judge:
-    """``"rule"`` → `RuleJudge()`; ``"llm"`` → `LLMJudge(**kwargs)` (``base_url``, ``model``, ...)."""
-    if kind == "rule":
-        if kwargs:
-            raise ValueError(f"the rule judge takes no options, got {sorted(kwargs)}")
-        return RuleJudge()
-    if kind == "llm":
-        return LLMJudge(**kwargs)
-    raise ValueError(f"unknown judge {kind!r}; known: rule, llm")
+    if not isinstance(text, str):
+        return None
+    text = strip_think(text)
+    found, value = _json_score(text)
+    if not found:
+        fractions = [m for m in _FRACTION.finditer(text) if _as_float(m.group(2)) == hi]
+        match = (
+            [*_MARKER.finditer(text)] or fractions or [*_BOLD.finditer(text)] or [_BARE.fullmatch(text)]
+        )[-1]
+        if match is None:
+            return None
+        if match.re is _MARKER and match.group(2) is not None and _as_float(match.group(2)) != hi:
+            return None
+        value = _as_float(match.group(1))
+    return value if value is not None and math.isfinite(value) and lo <= value <= hi else None

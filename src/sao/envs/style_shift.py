@@ -1,7 +1,7 @@
 """``style_shift``: the paper's online-learning study — the preferred writing style changes during training.
 
 One turn. The user asks ``Write one sentence about <topic>.``; the reply earns ``quality × style`` ∈ {0, 1}
-from a judge (`sao.envs.judges`: the deterministic `RuleJudge` by default, or an `LLMJudge`). The preferred
+from a judge: the deterministic `sao.envs.judges.RuleJudge` by default, or `LLMJudge`. The preferred
 style is *not* in the prompt: the policy must track it from rewards alone, which is what the study measures
 (how fast a method recovers after each shift).
 
@@ -22,9 +22,11 @@ episode has, in order of precedence (the *clock*, recorded as ``info["clock"]``)
 4. ``"reset_count"`` — otherwise the number of earlier resets of this instance.
 
 ``StepResult.info`` carries ``style`` (the preferred style), ``episode``, ``clock``, ``training_step``
-(on the training clock), ``quality``, ``style_ok``, and ``judge_error`` when the judge failed (reward 0).
-Optimal score 1.0 (the rule judge is satisfiable in every style, e.g. ``The cat is fluffy~`` /
-``The cat of darkness awakens!`` / ``Thy cat doth sleep.``).
+(on the training clock), ``quality`` and ``style_ok``. A judge that cannot grade (a failed or unparseable
+LLM answer, a `Verdict` with ``error``) raises `sao.envs.base.JudgeError`: the agent loop drops the
+episode as ``judge_error`` instead of training on a made-up reward. Optimal score 1.0 (the rule judge is
+satisfiable in every style, e.g. ``The cat is fluffy~`` / ``The cat of darkness awakens!`` /
+``Thy cat doth sleep.``). The LLM judge can also grade any env's episodes: `sao.envs.judged.JudgedEnv`.
 """
 
 from __future__ import annotations
@@ -32,20 +34,35 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
-from .base import Message, StepResult, Task, TrainingProgress, initial_messages, register_env
-from .judges import STYLES, Judge, make_judge
+import httpx
+
+from .base import JudgeError, Message, StepResult, Task, TrainingProgress, initial_messages, register_env
+from .judge_client import JudgeClient, JudgeSettings
+from .judges import (
+    STYLE_DESCRIPTIONS,
+    STYLES,
+    Judge,
+    RuleJudge,
+    Verdict,
+    check_style,
+    parse_judge_answer,
+    strip_think,
+)
 
 __all__ = [
     "CLOCKS",
     "DEFAULT_SHIFT_EVERY",
     "OPTIMAL_SCORE",
     "TOPICS",
+    "LLMJudge",
     "StyleSchedule",
     "StyleShiftEnv",
+    "make_judge",
     "make_tasks",
 ]
 
@@ -129,7 +146,8 @@ class StyleShiftEnv:
         schedule: (start_episode, style) pairs; exclusive with ``shift_every``.
         shift_every: episodes per style (default `DEFAULT_SHIFT_EVERY` when neither is given).
         judge: ``"rule"``, ``"llm"`` or any object with ``async grade(topic, style, text) -> Verdict``.
-        judge_options: keyword arguments of `LLMJudge` (``base_url``, ``model``, ...) for ``judge="llm"``.
+        judge_options: keyword arguments of `LLMJudge` (``base_url``, ``model``, ``timeout_s``, ...) for
+            ``judge="llm"``.
         system_prompt: an optional system message.
     """
 
@@ -212,14 +230,10 @@ class StyleShiftEnv:
             info["error"] = "step() called outside an episode"
             return StepResult([], 0.0, True, info)
         self._done = True
-        try:
-            verdict = await self.judge.grade(self._topic, style, assistant_text)
-        except Exception as err:  # a user judge that raises costs this episode's reward, not the run
-            info.update(quality=False, style_ok=False, judge_error=f"{type(err).__name__}: {err}"[:300])
-            return StepResult([], 0.0, True, info)
-        info.update(quality=verdict.quality, style_ok=verdict.style)
+        verdict = await self.judge.grade(self._topic, style, assistant_text)  # JudgeError propagates
         if verdict.error is not None:
-            info["judge_error"] = verdict.error
+            raise JudgeError(f"the style judge could not grade: {verdict.error}")
+        info.update(quality=verdict.quality, style_ok=verdict.style)
         if verdict.details:
             info["judge_details"] = verdict.details
         return StepResult([], verdict.reward, True, info)
@@ -236,3 +250,88 @@ def _topic_from(prompt: str | list[Message]) -> str:
     )
     match = _TOPIC.search(text.strip())
     return match.group(1) if match else ""
+
+
+_LLM_SYSTEM = "You are a strict grader. Reply exactly: QUALITY: yes|no STYLE: yes|no"
+_LLM_DEFAULTS = {"timeout_s": 30.0, "max_tokens": 32, "retries": 2, "backoff_s": 0.5}
+_LLM_FIXED = {"base_url", "model", "prompt", "system_prompt", "score_min", "score_max"}
+# Envs are built per episode: one client per distinct judge in the process shares connections, the
+# concurrency bound, the cache and the counters.
+_SHARED_CLIENTS: dict[JudgeSettings, JudgeClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _shared_client(settings: JudgeSettings) -> JudgeClient:
+    with _SHARED_LOCK:
+        if (client := _SHARED_CLIENTS.get(settings)) is None:
+            client = _SHARED_CLIENTS[settings] = JudgeClient(settings)
+        return client
+
+
+def _verdict_value(answer: str) -> float | None:
+    parsed = parse_judge_answer(strip_think(answer))
+    return None if parsed is None else float(parsed[0] and parsed[1])
+
+
+class LLMJudge:
+    """An LLM behind an OpenAI-compatible chat endpoint grades quality and style, through a
+    `sao.envs.judge_client.JudgeClient` (timeout, retries, concurrency bound, cache). The answer must be
+    exactly ``QUALITY: yes|no STYLE: yes|no`` (`parse_judge_answer`, after any ``<think>`` block); a failed
+    request or any other answer raises `JudgeError`.
+
+    Args:
+        base_url: the server, with or without the trailing ``/v1``.
+        model: the model name to request.
+        transport: an httpx transport (tests, custom routing); default: the network, through the process's
+            one client per distinct settings.
+        **options: other `JudgeSettings` fields: ``api_key_env``, ``timeout_s`` (30), ``max_tokens`` (32),
+            ``retries`` (2), ``backoff_s`` (0.5), ``backoff_max_s``, ``concurrency``, ``cache_size``,
+            ``temperature``.
+    """
+
+    def __init__(
+        self, base_url: str, model: str, transport: httpx.AsyncBaseTransport | None = None, **options: Any
+    ) -> None:
+        known = {f.name for f in fields(JudgeSettings)} - _LLM_FIXED
+        if unknown := sorted(set(options) - known):
+            raise ValueError(f"unknown LLM judge option(s) {unknown}; known: {sorted(known)}")
+        settings = JudgeSettings(
+            base_url=base_url,
+            model=model,
+            system_prompt=_LLM_SYSTEM,
+            score_min=0.0,
+            score_max=1.0,
+            **(_LLM_DEFAULTS | options),
+        )
+        self.client = JudgeClient(settings, transport) if transport is not None else _shared_client(settings)
+
+    @property
+    def url(self) -> str:
+        return self.client.settings.chat_url
+
+    def request_messages(self, topic: str, style: str, text: str) -> list[Message]:
+        prompt = (
+            f"Task: write one sentence about {topic}.\n"
+            f"Wanted style: {style} ({STYLE_DESCRIPTIONS[style]}).\n"
+            f"QUALITY is yes if the text is one fluent, sensible sentence about {topic}.\n"
+            "STYLE is yes if it is clearly in the wanted style.\n"
+            f"Text: {text}"
+        )
+        return [{"role": "system", "content": _LLM_SYSTEM}, {"role": "user", "content": prompt}]
+
+    async def grade(self, topic: str, style: str, text: str) -> Verdict:
+        check_style(style)
+        grade = await self.client.grade_messages(self.request_messages(topic, style, text), _verdict_value)
+        quality, style_ok = parse_judge_answer(strip_think(grade.raw_text)) or (False, False)
+        return Verdict(quality, style_ok, details=grade.raw_text)
+
+
+def make_judge(kind: str = "rule", **kwargs: Any) -> Judge:
+    """``"rule"`` → `RuleJudge()`; ``"llm"`` → `LLMJudge(**kwargs)` (``base_url``, ``model``, ...)."""
+    if kind == "rule":
+        if kwargs:
+            raise ValueError(f"the rule judge takes no options, got {sorted(kwargs)}")
+        return RuleJudge()
+    if kind == "llm":
+        return LLMJudge(**kwargs)
+    raise ValueError(f"unknown judge {kind!r}; known: rule, llm")

@@ -2,8 +2,9 @@
 
 An env is user code: it may raise, hang, or answer with something that is not what the `Env` protocol says.
 Each of those ends the episode with an `EpisodeError` carrying a drop reason (``env_error``,
-``env_timeout``), so the caller counts the episode as dropped instead of training on a half-played one or
-crashing the run. ``env.close()`` gets the same timeout; its failure is reported, never raised.
+``env_timeout``, or ``judge_error`` when the env raised `sao.envs.base.JudgeError`: its grader failed), so
+the caller counts the episode as dropped instead of training on a half-played one or crashing the run.
+``env.close()`` gets the same timeout; its failure is reported, never raised.
 
 The timeout cancels the awaited call (``asyncio.wait_for``): it bounds an env that awaits (a subprocess, a
 sandbox run in a worker thread, a network call). An env that blocks the event loop itself (a synchronous
@@ -18,7 +19,7 @@ import math
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from sao.envs.base import Env, Message, StepResult, Task
+from sao.envs.base import Env, JudgeError, Message, StepResult, Task
 
 __all__ = ["DROP_REASONS", "EpisodeError", "close_env", "reset_env", "step_env"]
 
@@ -30,6 +31,7 @@ DROP_REASONS = (
     "engine_error",
     "engine_crash",
     "prompt_too_long",
+    "judge_error",
 )
 
 T = TypeVar("T")
@@ -50,6 +52,8 @@ async def _bounded(call: Awaitable[T], what: str, timeout_s: float | None) -> T:
         return await asyncio.wait_for(call, timeout_s)
     except TimeoutError:
         raise EpisodeError(f"{what} did not return within {timeout_s:g} s", "env_timeout") from None
+    except JudgeError as err:  # the env's grader failed: no reward, not an env bug
+        raise EpisodeError(f"{what}: judge failed: {err}", "judge_error") from err
     except Exception as err:
         raise EpisodeError(f"{what} failed: {type(err).__name__}: {err}", "env_error") from err
 
