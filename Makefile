@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-bpe demo-gateway test test-slow lint format install clean test-vllm
+.PHONY: demo demo-bpe demo-gateway demo-reasoning-gym test test-slow lint format install clean test-vllm
 
 # TRL in a virtualenv of its own, for benchmarks/vs_trl.py only (sao never imports it).
 .venv-trl:
@@ -18,7 +18,7 @@ $(BIN)/python:
 
 # Re-install whenever the project metadata changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,envs]'
 	touch $@
 
 install: sandbox-deps browser-deps $(VENV)/.installed
@@ -80,6 +80,31 @@ demo-bpe: install
 	$(BIN)/sao eval --model $(QB)/rl/checkpoints/step_00000080/actor $(QB_EVAL) --out $(QB)/eval_rl.json
 	$(BIN)/sao plot $(QB)/rl --out $(QB)/rl/metrics.png
 	$(BIN)/python examples/compare_evals.py $(QB)/eval_sft.json $(QB)/eval_rl.json
+
+# reasoning-gym with SAO (docs/envs.md#reasoning-gym; figures in docs/results.md): a ~3M-parameter Qwen3-MoE with
+# a BPE tokenizer and a Qwen3-like template, warm-started by SFT on the library's own answers for three
+# families, then trained with asynchronous SAO on a stream of fresh tasks; held-out reward before and after.
+QR ?= runs/reasoning_gym
+QR_KW = {"chain_sum": {"config": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}}, \
+	"basic_arithmetic": {"config": {"min_terms": 2, "max_terms": 2, "max_digits": 2, "operators": ["+", "-"], \
+	"allow_parentheses": false, "allow_negation": false}}, \
+	"leg_counting": {"config": {"min_animals": 1, "max_animals": 2, "max_instances": 3}}}
+QR_EVAL = --tasks $(QR)/heldout.jsonl --env reasoning_gym --env-kwargs '{"system_prompt": "simple"}' --k 4 \
+	--max-tokens-per-turn 64 --max-total-tokens 512
+demo-reasoning-gym: install
+	$(BIN)/sao config configs/reasoning_gym.yaml > /dev/null
+	$(BIN)/sao init-model --arch qwen3_moe --size small --tokenizer bpe --chat-template qwen3 --out $(QR)/base
+	$(BIN)/python -m sao.envs.reasoning_gym_sft --datasets chain_sum,basic_arithmetic,leg_counting \
+		--config '$(QR_KW)' --system-prompt simple --n 4000 --seed 0 --out $(QR)/chats.jsonl
+	$(BIN)/sao sft --model $(QR)/base --data $(QR)/chats.jsonl --out $(QR)/sft --steps 1000 --lr 3e-3 \
+		--batch-size 32 --eval-every 250
+	$(BIN)/python examples/make_env_tasks.py --env reasoning_gym --n 96 --seed 123 --out $(QR)/heldout.jsonl \
+		--env-kwargs '{"datasets": $(QR_KW)}'
+	$(BIN)/sao eval --model $(QR)/sft $(QR_EVAL) --out $(QR)/eval_sft.json
+	rm -rf $(QR)/rl
+	$(BIN)/sao train configs/reasoning_gym.yaml logging.run_dir=$(QR)/rl model.path=$(QR)/sft
+	$(BIN)/sao eval --model $(QR)/rl/checkpoints/step_00000080/actor $(QR_EVAL) --out $(QR)/eval_rl.json
+	$(BIN)/python examples/compare_evals.py $(QR)/eval_sft.json $(QR)/eval_rl.json
 
 # The gateway demo (about 7 minutes on 2 cores, plus the quickstart's warm start if runs/quickstart/sft is
 # missing): the quickstart's model adapted to prompts that carry the calc tool's schema, then trained online

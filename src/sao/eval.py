@@ -24,7 +24,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,7 @@ class EvalSettings:
     max_total_tokens: int = 16384
     concurrency: int = 32
     env: str | None = None
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # constructor arguments of every task's env
     limit: int | None = None
     transcripts: bool = False  # keep each sample's episode in the report: its text and tokens (`sao inspect`)
     env_timeout_s: float | None = None  # seconds each env call may take (None: forever)
@@ -138,9 +139,8 @@ async def _run_sample(
         if env_factory is not None:
             env = env_factory()
         else:
-            env = make_env(
-                env_name, **({} if settings.max_turns is None else {"max_turns": settings.max_turns})
-            )
+            turns = {} if settings.max_turns is None else {"max_turns": settings.max_turns}
+            env = make_env(env_name, **settings.env_kwargs, **turns)
         cfg = AgentLoopConfig(
             max_turns=settings.max_turns or env.max_turns,
             max_total_tokens=settings.max_total_tokens,
@@ -200,7 +200,7 @@ async def evaluate(
     name, as the module docstring says."""
     if env_factory is None:  # an env that cannot be built (bad name, no sandbox) fails here, not per sample
         for name in sorted({name for tf in files for name in tf.envs}):
-            make_env(name)
+            make_env(name, **settings.env_kwargs)
     gate = asyncio.Semaphore(settings.concurrency)
 
     async def bounded(tf: TaskFile, task: Task, env_name: str, j: int) -> dict[str, Any]:

@@ -64,6 +64,29 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
             ("retry_after_s", 4),
         ]
     },
+    # the judge's keys apply with a judge; data.max_turns reaches the env factory only through it
+    "data.max_turns": (["judge.url=http://127.0.0.1:9"], 7),
+    "judge.url": ([], "http://127.0.0.1:9"),
+    **{
+        f"judge.{key}": (["judge.url=http://127.0.0.1:9"], value)
+        for key, value in [
+            ("model", "grader"),
+            ("api_key_env", "JUDGE_KEY"),
+            ("system_prompt", None),
+            ("prompt", "Grade: {response}"),
+            ("score_min", 1.0),
+            ("score_max", 5.0),
+            ("combine", "sum"),
+            ("temperature", 0.5),
+            ("max_tokens", 9),
+            ("timeout_s", 5.0),
+            ("retries", 1),
+            ("concurrency", 2),
+            ("cache_size", 0),
+        ]
+    },
+    "data.stream": ([], True),
+    "data.num_tasks": ([], 9),
     **{
         f"cluster.{key}": (["runtime.backend=ray", "cluster.num_cpus=64", "cluster.num_gpus=8"], value)
         for key, value in [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -141,6 +142,14 @@ def eval_command(
     env: Annotated[
         str | None, typer.Option(help="Environment for every task (default: each row's env, else math_tir).")
     ] = None,
+    env_kwargs: Annotated[
+        str | None,
+        typer.Option(
+            "--env-kwargs",
+            help="JSON object of keyword arguments of the env constructor, as data.env_kwargs of a run "
+            '(e.g. \'{"datasets": ["chain_sum"]}\').',
+        ),
+    ] = None,
     k: Annotated[int, typer.Option("--k", help="Samples per problem (Pass@1 is averaged over them).")] = 4,
     seed: Annotated[int, typer.Option(help="Run seed (each sample's seed derives from it).")] = 0,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 1.0,
@@ -169,18 +178,10 @@ def eval_command(
     _quiet_transformers()
     paths = _task_files(tasks)
     settings = _eval_settings(
-        k=k,
-        seed=seed,
-        temperature=temperature,
-        top_p=top_p,
-        max_turns=max_turns,
-        max_tokens_per_turn=max_tokens_per_turn,
-        max_total_tokens=max_total_tokens,
-        concurrency=concurrency,
-        env=env,
-        limit=limit,
-        transcripts=transcripts,
-    )
+        k=k, seed=seed, temperature=temperature, top_p=top_p, max_turns=max_turns,
+        max_tokens_per_turn=max_tokens_per_turn, max_total_tokens=max_total_tokens, concurrency=concurrency,
+        env=env, env_kwargs=_json_object(env_kwargs, "--env-kwargs"), limit=limit, transcripts=transcripts,
+    )  # fmt: skip
     try:
         report = run_eval(model, paths, settings, device=device, dtype=dtype)
     except (OSError, ValueError) as err:  # EnvError is a ValueError
@@ -189,6 +190,19 @@ def eval_command(
     _stdout().print(_eval_table(report, title, k))
     if out:
         typer.echo(f"wrote {write_report(report, out)}")
+
+
+def _json_object(text: str | None, option: str) -> dict[str, Any]:
+    """``text`` parsed as a JSON object ({} when None); exits 2 naming ``option`` otherwise."""
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _fail(f"error: {option}: not JSON: {err}") from None
+    if not isinstance(value, dict):
+        raise _fail(f"error: {option}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _task_files(tasks: list[str]) -> list[str]:

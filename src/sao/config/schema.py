@@ -23,6 +23,7 @@ from .engine import (
     EngineConfig,
     server_flag_given,
 )
+from .judge import JudgeConfig
 from .model import CriticConfig, ModelConfig, ValuePretrainConfig
 from .runtime import (
     ClusterConfig,
@@ -49,6 +50,7 @@ __all__ = [
     "EngineConfig",
     "EvalConfig",
     "GatewayConfig",
+    "JudgeConfig",
     "LoggingConfig",
     "MismatchDriftConfig",
     "ModelConfig",
@@ -84,6 +86,9 @@ class RunConfig(Section):
     gateway: GatewayConfig = Field(
         default_factory=GatewayConfig, description="The server of external agents (data.source gateway/both)."
     )
+    judge: JudgeConfig = Field(
+        default_factory=JudgeConfig, description="An LLM judge's reward on every episode (off without url)."
+    )
     algo: AlgoConfig = Field(default_factory=AlgoConfig, description="RL algorithm.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="Actor optimization.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Async/sync wiring.")
@@ -107,6 +112,36 @@ class RunConfig(Section):
             raise ValueError(
                 f"trainer.batch_size ({self.trainer.batch_size}) must be a multiple of "
                 f"algo.group_size ({self.algo.group_size})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _tasks_fit_source(self) -> RunConfig:
+        from sao.envs.extras import missing_library
+
+        data = self.data
+        missing = missing_library(data.env)
+        if missing is not None:
+            raise ValueError(f"data.env: {missing}")
+        if data.train_file is not None:
+            for key in ("stream", "num_tasks"):
+                if getattr(data, key) != type(data).model_fields[key].default:
+                    raise ValueError(f"data.{key} applies to tasks the env generates (data.train_file null)")
+        judge, timeout = self.judge, data.env_timeout_s
+        if judge.url is not None and timeout is not None and timeout <= judge.worst_case_s():
+            raise ValueError(
+                f"data.env_timeout_s ({timeout:g} s) must exceed the judge's worst case, "
+                f"(judge.retries + 1) x judge.timeout_s + backoffs = {judge.worst_case_s():g} s: the judge "
+                "grades inside the env's last step, and a slow judge would drop episodes as env_timeout"
+            )
+        if data.stream and data.source != "env":
+            raise ValueError(
+                "data.stream needs data.source 'env': gateway agents name their tasks from a fixed set"
+            )
+        if data.stream and self.algo.advantage.build().prioritizes_prompts:
+            raise ValueError(
+                "data.stream: prioritized sampling (algo.advantage.prioritized_sampling) picks from a fixed "
+                "pool; a stream never revisits a prompt. Set one of them false"
             )
         return self
 

@@ -19,12 +19,29 @@ class DataConfig(Section):
         description="Where episodes come from: 'env' the built-in producer playing data.env; 'gateway' "
         "external agents through the run's OpenAI-compatible server (the gateway section); 'both' at once.",
     )
-    env: str = Field("calculator", description="Registered environment name.")
+    env: str = Field(
+        "calculator",
+        description="The environment: a registered name (built-in, or a library adapter: reasoning_gym, "
+        "textarena, verifiers) or a user's file.py:Class / package.module:Class.",
+    )
     env_kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments of the env constructor, e.g. {turns: episode}."
     )
     train_file: str | None = Field(
         None, description="Training prompts (JSONL); null = the env's built-in set."
+    )
+    num_tasks: int = Field(
+        4096,
+        ge=1,
+        description="data.train_file null: how many tasks the env's own generator makes, the pool training "
+        "visits epoch by epoch. With data.stream: the pool of value pretraining and the weight probes (a "
+        "seed of its own, never drawn by the stream).",
+    )
+    stream: bool = Field(
+        False,
+        description="Play a freshly generated task in every episode, so no prompt is seen twice: task i of "
+        "the run comes from the env's generator seeded by data.seed and i (in chunks of 256); a resumed run "
+        "goes on from the next i. Needs data.train_file null and data.source env.",
     )
     eval_file: str | list[str] | None = Field(
         None,

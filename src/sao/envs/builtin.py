@@ -14,8 +14,11 @@ BUILTIN_ENV_MODULES = (
     "sao.envs.guess_number",
     "sao.envs.long_tail",
     "sao.envs.math_tir",
+    "sao.envs.reasoning_gym_env",
     "sao.envs.style_shift",
+    "sao.envs.textarena_env",
     "sao.envs.tool_latency",
+    "sao.envs.verifiers_env",
 )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.config.runtime import requested_resources
+from sao.envs.judge_client import JudgeSettings
 from sao.eval import EvalSettings
 from sao.serve.hooks import SessionRules
 from sao.train.settings import TrainerArgs
@@ -137,20 +138,34 @@ class EngineArgs:
 
 
 @dataclass(frozen=True)
+class JudgeArgs:
+    """The LLM judge's reward (``judge.*``): its client settings, how its score meets the env's reward, and
+    the agent loop's turn bound (the judge grades the episode at the turn that ends it)."""
+
+    settings: JudgeSettings
+    combine: str
+    max_turns: int
+
+
+@dataclass(frozen=True)
 class EnvArgs:
     name: str
     kwargs: dict[str, Any]
+    judge: JudgeArgs | None = None
 
 
 @dataclass(frozen=True)
 class TaskArgs:
-    """Training tasks: a file (with its column names), else the env's own task source."""
+    """Training tasks: a file (with its column names), else the env's own task source (``count`` tasks, or
+    a fresh stream of them when ``stream``)."""
 
     env: str
     train_file: str | None
     fields: tuple[str, str, str, str]  # id, prompt, answer, tests
     seed: int
     count: int = 4096  # tasks asked of an env's own source
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # the generator takes those it declares
+    stream: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ reads, and the arguments it receives). A component is handed its own arguments, 
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +15,18 @@ from sao.envs.factory import make_env
 from .args import EnvArgs, TaskArgs, TokenizerArgs, TrainerArgs
 from .factories import FACTORIES
 from .parts import RunParts
+from .task_stream import TaskStream
 
-__all__ = ["FACTORIES", "assemble", "build_env_factory", "build_tasks", "build_tokenizer", "build_trainer"]
+__all__ = [
+    "FACTORIES",
+    "EnvBuilder",
+    "assemble",
+    "build_env_factory",
+    "build_stream",
+    "build_tasks",
+    "build_tokenizer",
+    "build_trainer",
+]
 
 
 def build_trainer(args: TrainerArgs, actor: Any, critic: Any) -> Any:
@@ -53,18 +61,54 @@ def build_tokenizer(args: TokenizerArgs, checkpoint: Path) -> Any:
     return tokenizer
 
 
-def build_env_factory(args: EnvArgs) -> Callable[[], Env]:
+class EnvBuilder:
+    """Builds a fresh env per episode (``data.env`` with ``data.env_kwargs``), wrapped by the LLM judge
+    when one is configured; ``judge`` is the one judge client every episode of this process shares (its
+    concurrency bound, cache and counters), None without a judge."""
+
+    def __init__(self, args: EnvArgs) -> None:
+        self.args = args
+        self.judge: Any = None
+        if args.judge is not None:
+            from sao.envs.judge_client import JudgeClient
+
+            self.judge = JudgeClient(args.judge.settings)
+
+    def __call__(self) -> Env:
+        env = make_env(self.args.name, **self.args.kwargs)
+        if self.judge is None:
+            return env
+        from sao.envs.judged import JudgedEnv
+
+        assert self.args.judge is not None
+        return JudgedEnv(env, self.judge, self.args.judge.combine, self.args.judge.max_turns)
+
+
+def build_env_factory(args: EnvArgs) -> EnvBuilder:
     """A builder of fresh envs (one per episode); builds one now so a bad name or kwargs fail at startup."""
-    build = functools.partial(make_env, args.name, **args.kwargs)
     try:
+        build = EnvBuilder(args)
         build()
     except EnvError as err:
         raise ConfigError(f"data.env / data.env_kwargs: {err}") from None
+    except ValueError as err:  # the judge's settings
+        raise ConfigError(f"judge: {err}") from None
     return build
 
 
+def _generated(args: TaskArgs, n: int, seed: int) -> list[Task]:
+    from sao.envs.factory import make_env_tasks
+
+    try:
+        return make_env_tasks(args.env, n, seed, **args.env_kwargs)
+    except EnvError as err:
+        raise ConfigError(f"data.train_file: not set, and {err}") from None
+
+
 def build_tasks(args: TaskArgs) -> list[Task]:
-    """The training tasks: ``data.train_file`` read with its column names, else the env's task source."""
+    """The training tasks: ``data.train_file`` read with its column names, else ``data.num_tasks`` from the
+    env's task source. With ``data.stream`` these are the pool of value pretraining and weight probes only,
+    generated with a seed the stream never uses (`build_stream` makes the training tasks)."""
     if args.train_file:
         from sao.envs.tasks import TaskFileError, load_tasks
 
@@ -74,12 +118,26 @@ def build_tasks(args: TaskArgs) -> list[Task]:
                               answer_field=answer_field, tests_field=tests_field)  # fmt: skip
         except TaskFileError as err:
             raise ConfigError(f"data.train_file: {err}") from None
-    from sao.envs.factory import make_env_tasks
+    if args.stream:
+        from .task_stream import chunk_seed
 
+        return _generated(args, args.count, chunk_seed(args.seed, 0, namespace="pool"))
+    return _generated(args, args.count, args.seed)
+
+
+def build_stream(args: TaskArgs) -> TaskStream | None:
+    """The stream of fresh training tasks (``data.stream``), or None; its first chunk is made now, so an
+    env whose generator cannot serve a stream fails at startup."""
+    if not args.stream:
+        return None
+    from .task_stream import TaskStream
+
+    stream = TaskStream(lambda n, seed: _generated(args, n, seed), args.seed)
     try:
-        return make_env_tasks(args.env, args.count, seed=args.seed)
-    except EnvError as err:
-        raise ConfigError(f"data.train_file: not set, and {err}") from None
+        stream.task(0)
+    except ValueError as err:
+        raise ConfigError(f"data.stream: {err}") from None
+    return stream
 
 
 def assemble(cfg: RunConfig) -> RunParts:

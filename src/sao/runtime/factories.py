@@ -74,6 +74,9 @@ _CLUSTER = tuple(f"cluster.{k}" for k in ("address", "num_cpus", "num_gpus", "au
     "placement_strategy", "start_timeout_s"))  # fmt: skip
 _GATEWAY = tuple(f"gateway.{k}" for k in ("host", "port", "admission", "admission_timeout_s", "max_sessions",
     "session_idle_timeout_s", "max_body_bytes", "max_pending", "retry_after_s"))  # fmt: skip
+_JUDGE = tuple(f"judge.{k}" for k in ("url", "model", "api_key_env", "system_prompt", "prompt", "score_min",
+    "score_max", "combine", "temperature", "max_tokens", "timeout_s", "retries", "concurrency",
+    "cache_size"))  # fmt: skip
 
 FACTORIES: dict[str, Factory] = {
     "actor": Factory(actor_args, ("model", "trainer"), (*_MODEL_SOURCE, *_COMPUTE, "trainer.seed"),
@@ -101,11 +104,15 @@ FACTORIES: dict[str, Factory] = {
                           ("data.max_turns", "data.max_total_tokens", "data.env_timeout_s",
                            "engine.max_new_tokens", "engine.temperature", "engine.top_p", "engine.top_k"),
                           "turn and token limits, sampling (sao.rollout.agent_loop.AgentLoopConfig)"),
-    "env": Factory(env_args, ("data",), ("data.env", "data.env_kwargs"), "one fresh env per episode"),
+    "env": Factory(env_args, ("data", "judge"),
+                   ("data.env", "data.env_kwargs", *_JUDGE, "data.max_turns"),
+                   "one fresh env per episode, wrapped by the LLM judge when judge.url is set "
+                   "(sao.runtime.build.build_env_factory)"),
     "tasks": Factory(task_args, ("data",),
-                     ("data.env", "data.train_file", "data.id_field", "data.prompt_field",
-                      "data.answer_field", "data.tests_field", "data.seed"),
-                     "the training tasks (a task file, or the env's own task source)"),
+                     ("data.env", "data.env_kwargs", "data.train_file", "data.id_field", "data.prompt_field",
+                      "data.answer_field", "data.tests_field", "data.seed", "data.num_tasks", "data.stream"),
+                     "the training tasks (a task file, the env's own task source, or a stream of fresh "
+                     "ones: sao.runtime.build.build_tasks)"),
     "sampler": Factory(sampler_args, ("algo", "data"),
                        ("algo.group_size", "algo.advantage", "data.seed"),
                        "the prompt order (sao.runtime.sampler.PromptSampler)"),

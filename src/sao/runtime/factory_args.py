@@ -15,6 +15,7 @@ from sao.config import (
     EngineConfig,
     EvalConfig,
     GatewayConfig,
+    JudgeConfig,
     LoggingConfig,
     ModelConfig,
     RuntimeConfig,
@@ -38,6 +39,7 @@ from .args import (
     GatewayArgs,
     GatewaySettings,
     InspectArgs,
+    JudgeArgs,
     LoopArgs,
     ModelArgs,
     ModelSource,
@@ -144,13 +146,19 @@ def agent_loop_args(data: DataConfig, engine: EngineConfig) -> AgentLoopConfig:
     )
 
 
-def env_args(data: DataConfig) -> EnvArgs:
-    return EnvArgs(data.env, dict(data.env_kwargs))
+def env_args(data: DataConfig, judge: JudgeConfig) -> EnvArgs:
+    if judge.url is None:
+        return EnvArgs(data.env, dict(data.env_kwargs))
+    return EnvArgs(
+        data.env, dict(data.env_kwargs), JudgeArgs(judge.settings(), judge.combine, data.max_turns)
+    )
 
 
 def task_args(data: DataConfig) -> TaskArgs:
     fields = (data.id_field, data.prompt_field, data.answer_field, data.tests_field)
-    return TaskArgs(data.env, data.train_file, fields, data.seed)
+    return TaskArgs(
+        data.env, data.train_file, fields, data.seed, data.num_tasks, dict(data.env_kwargs), data.stream
+    )
 
 
 def sampler_args(algo: AlgoConfig, data: DataConfig) -> SamplerArgs:
@@ -231,9 +239,11 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
     settings = EvalSettings(
         k=eval.k, seed=eval.seed, temperature=eval.temperature, top_p=eval.top_p, max_turns=data.max_turns,
         max_tokens_per_turn=engine.max_new_tokens, max_total_tokens=data.max_total_tokens,
-        concurrency=eval.concurrency, env=data.env, limit=eval.limit, env_timeout_s=data.env_timeout_s,
+        concurrency=eval.concurrency, env=data.env, env_kwargs=dict(data.env_kwargs), limit=eval.limit,
+        env_timeout_s=data.env_timeout_s,
     )  # fmt: skip
-    return EvalArgs(files, env_args(data), settings, logging.eval_every, eval.at_start)
+    env = EnvArgs(data.env, dict(data.env_kwargs))
+    return EvalArgs(files, env, settings, logging.eval_every, eval.at_start)
 
 
 def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:

@@ -7,6 +7,7 @@ order `sao.runtime.runner.Run` declares them:
    episode starts between the push and the checkpoint in sync mode);
 3. `Books` — the staleness books and the episode sources learn that the batch was trained; runtime
    metrics (throughput, idle fractions, queue size, trajectory counts, policy version, gateway sessions);
+   with an LLM judge, `JudgeMetrics` adds its counters (``judge/*``);
 4. the `TrajectoryInspector` (``logging.inspect_every``, `sao.runtime.inspection`), then the `EpisodeLog`
    (``logging.episodes``, `sao.runtime.run_logs`), when they are on;
 5. `MetricsLog` — the step's metrics to the sinks and the progress display; then the checks' verdict (a
@@ -27,7 +28,16 @@ from typing import Any, Protocol
 
 from sao.types import Batch, Trajectory
 
-__all__ = ["Books", "Checkpoints", "MetricsLog", "StepObserver", "StepRecord", "WeightPush", "observe"]
+__all__ = [
+    "Books",
+    "Checkpoints",
+    "JudgeMetrics",
+    "MetricsLog",
+    "StepObserver",
+    "StepRecord",
+    "WeightPush",
+    "observe",
+]
 
 
 @dataclass
@@ -111,6 +121,17 @@ class Books:
         )
         record.metrics.update({f"runtime/dropped/{k}": float(v) for k, v in s.drops_by_reason.items()})
         record.metrics.update(self.sources.metrics())  # the gateway's session books, when there is one
+
+
+class JudgeMetrics:
+    """The LLM judge's counters (requests, cache hits, failures by kind, latency) as ``judge/*`` metrics:
+    cumulative since the run (this process) started."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    async def on_step(self, record: StepRecord) -> None:
+        record.metrics.update({f"judge/{k}": float(v) for k, v in self.client.stats().items()})
 
 
 class MetricsLog:

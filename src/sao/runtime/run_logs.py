@@ -8,8 +8,8 @@
 
 An ``episodes.jsonl`` line::
 
-    {"step": 3, "trained_version": 2, "prompt_tokens": 41, "start_version": 1, "lag_mean": 0.8,
-     "lag_max": 1, "lag_counts": {"0": 7, "1": 5}, "finish_reason": "stop", "reward": 1.0,
+    {"step": 3, "prompt_id": "calc-7", "trained_version": 2, "prompt_tokens": 41, "start_version": 1,
+     "lag_mean": 0.8, "lag_max": 1, "lag_counts": {"0": 7, "1": 5}, "finish_reason": "stop", "reward": 1.0,
      "turns": [{"gen_tokens": 9, "obs_tokens": 6, "generate_s": 0.021, "env_s": 0.31}, ...]}
 
 ``step`` is the trainer step that trained it (after the step), ``trained_version`` the policy version the
@@ -96,6 +96,7 @@ def episode_summary(traj: Trajectory, step: int, trained_version: int) -> dict[s
         counts[str(lag)] = counts.get(str(lag), 0) + 1
     return {
         "step": step,
+        "prompt_id": traj.prompt_id,
         "trained_version": trained_version,
         "prompt_tokens": prompt,
         "start_version": versions[0] if versions else None,

@@ -25,13 +25,13 @@ from sao.types import Trajectory
 
 from .args import GatewayArgs, ModelArgs, RunLogArgs, SamplerArgs
 from .backend import Backend, EngineHooks, ModelDirs
-from .build import assemble, build_env_factory, build_tasks, build_tokenizer
+from .build import assemble, build_env_factory, build_stream, build_tasks, build_tokenizer
 from .clock import TrainingClock
 from .evaluation import TrainingEvaluator, load_eval_files
 from .gateway_run import RunGateway, make_verifier
 from .gateway_source import GatewaySource
 from .inspection import TrajectoryInspector
-from .observers import Books, Checkpoints, MetricsLog, StepObserver, WeightPush
+from .observers import Books, Checkpoints, JudgeMetrics, MetricsLog, StepObserver, WeightPush
 from .parts import RunParts
 from .producer import Producer
 from .progress import TrainingProgress
@@ -41,6 +41,7 @@ from .run_state import FirstFailure, RunState
 from .sampler import PromptSampler
 from .sources import Sources
 from .staleness import StalenessManager
+from .task_stream import TaskStream
 from .threads import trainer_executor
 from .weight_checks import WeightChecks, with_deadline
 
@@ -110,12 +111,15 @@ async def serve_gateway(
     return gateway
 
 
-def make_sampler(args: SamplerArgs, tasks: list[Task], trainer: Any) -> PromptSampler:
-    """The prompt order; prioritized by the trainer's estimator when it has priorities and they are on."""
+def make_sampler(
+    args: SamplerArgs, tasks: list[Task], trainer: Any, stream: TaskStream | None = None
+) -> PromptSampler:
+    """The prompt order: the stream's fresh tasks when there is one, else ``tasks``, prioritized by the
+    trainer's estimator when it has priorities and they are on."""
     weights = None
-    if args.prioritized and trainer.prioritizes_prompts:
+    if stream is None and args.prioritized and trainer.prioritizes_prompts:
         weights = trainer.sampling_weights
-    return PromptSampler(tasks, group_size=args.group_size, seed=args.seed, weights=weights)
+    return PromptSampler(tasks, group_size=args.group_size, seed=args.seed, weights=weights, stream=stream)
 
 
 def make_producer(
@@ -255,7 +259,7 @@ class RunSetup:
         self.weight_checks = WeightChecks.build(
             p.weight_checks, self.engine, self.backend.scorer(), self.tokenizer, self.tasks, self.sync.path
         )
-        self.sampler = make_sampler(p.sampler, self.tasks, self.trainer)
+        self.sampler = make_sampler(p.sampler, self.tasks, self.trainer, build_stream(p.tasks))
         if p.gateway.source in ("env", "both"):
             self.producer = make_producer(
                 p, self.engine, self.tokenizer, self.env_factory, self.sampler, self.staleness, self.queue,
@@ -306,6 +310,7 @@ class RunSetup:
             # starts only once the step is checkpointed (an exact resume); the mismatch drift alarm.
             checks,
             self.books,
+            JudgeMetrics(judge) if (judge := getattr(self.env_factory, "judge", None)) is not None else None,
             self.inspector if self.inspector.enabled else None,  # its runtime/inspect_s logged with the step
             EpisodeLog(p.run_logs.run_dir, resume_step) if p.run_logs.episodes else None,
             MetricsLog(self.sinks, self.progress),

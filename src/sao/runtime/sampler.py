@@ -1,7 +1,8 @@
 """Prompt sampling for the producer: epochs in a seeded order, groups for group presets, SPO priorities.
 
 `PromptSampler.next()` returns the next *start*: one task and its group (``group_size`` copies sharing a
-``group_id``; size 1 for single-rollout presets). Without weights, tasks are visited epoch by epoch in a
+``group_id``; size 1 for single-rollout presets). With a `TaskStream` (``data.stream``), start ``i`` plays
+the stream's fresh task ``i``. Without weights, tasks are visited epoch by epoch in a
 fresh seeded permutation; with a weight function (SPO's prioritised sampling, ``√(p̂(1−p̂)) + floor``),
 each start draws a task with probability proportional to its weight. The position (epoch, cursor, draws)
 is part of ``state_dict`` so a resumed run continues the same sequence.
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sao.envs.base import Task
+
+from .task_stream import TaskStream
 
 __all__ = ["PromptSampler", "Start"]
 
@@ -38,8 +41,12 @@ class PromptSampler:
         group_size: int = 1,
         seed: int = 0,
         weights: Callable[[Sequence[str]], Sequence[float]] | None = None,
+        stream: TaskStream | None = None,
     ) -> None:
-        if not tasks:
+        if stream is not None and weights is not None:
+            raise ValueError("a task stream is not drawn by weights: every task is played once")
+        self.stream = stream
+        if not tasks and stream is None:
             raise ValueError("the prompt sampler needs at least one task")
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
@@ -50,7 +57,7 @@ class PromptSampler:
         self.epoch = 0
         self.cursor = 0
         self.draws = 0
-        self._order = self._permutation(0)
+        self._order = self._permutation(0) if self.tasks else []
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.tasks)))
@@ -59,6 +66,10 @@ class PromptSampler:
 
     def next(self) -> Start:
         """The next task (and its group) to start."""
+        if self.stream is not None:
+            task = self.stream.task(self.draws)
+            self.draws += 1
+            return Start(task, f"{task.id}#{self.draws}" if self.group_size > 1 else None, self.group_size)
         if self.weights is not None:
             w = list(self.weights([t.id for t in self.tasks]))
             if len(w) != len(self.tasks) or any(x < 0 for x in w) or sum(w) <= 0:
@@ -68,7 +79,7 @@ class PromptSampler:
             if self.cursor == len(self._order):
                 self.epoch += 1
                 self.cursor = 0
-                self._order = self._permutation(self.epoch)
+                self._order = self._permutation(self.epoch) if self.tasks else []
             index = self._order[self.cursor]
             self.cursor += 1
         self.draws += 1
@@ -83,4 +94,4 @@ class PromptSampler:
         if state["seed"] != self.seed:
             raise ValueError(f"sampler state is for seed {state['seed']}, this sampler has seed {self.seed}")
         self.epoch, self.cursor, self.draws = int(state["epoch"]), int(state["cursor"]), int(state["draws"])
-        self._order = self._permutation(self.epoch)
+        self._order = self._permutation(self.epoch) if self.tasks else []
