@@ -104,7 +104,7 @@ demo-reasoning-gym: install
 	rm -rf $(QR)/rl
 	$(BIN)/sao train configs/reasoning_gym.yaml logging.run_dir=$(QR)/rl model.path=$(QR)/sft
 	$(BIN)/sao eval --model $(QR)/rl/checkpoints/step_00000080/actor $(QR_EVAL) --out $(QR)/eval_rl.json
-	$(BIN)/python examples/compare_evals.py $(QR)/eval_sft.json $(QR)/eval_rl.json
+	$(BIN)/python examples/compare_evals.py $(QR)/eval_sft.json $(QR)/eval_rl.json --by-info dataset
 
 # The gateway demo (about 7 minutes on 2 cores, plus the quickstart's warm start if runs/quickstart/sft is
 # missing): the quickstart's model adapted to prompts that carry the calc tool's schema, then trained online

@@ -35,7 +35,7 @@ BIN = Path(sys.executable).parent
 
 def serve_judge(model: str, port: int, log: Path) -> subprocess.Popen[bytes]:
     """``sao serve`` of the judge on ``port``; returns once it answers (or raises)."""
-    cmd = [str(BIN / "sao"), "serve", "--model", model, "--port", str(port), "--max-tokens", "8",
+    cmd = [str(BIN / "sao"), "serve", "--model", model, "--port", str(port), "--max-tokens", "24",
            "--device", "cpu", "--dtype", "float32", "--max-running", "16"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120

@@ -17,6 +17,12 @@ the formats of two task families:
     sao sft ... --data runs/judge/chats.jsonl       # then serve it: sao serve ...
 
 and give the run the printed ``judge:`` settings (its url and model pointing at that server).
+
+``--criterion work`` makes a *style* judge instead (`WORK_PROMPT`, `work_label`): ``Score: 1`` when the
+response shows a worked step (``12 + 7 = 19``) before its answer — with ``judge.combine: product`` the
+env grades correctness and the judge the style, as the paper's quality × style
+(``configs/judge_reasoning_gym.yaml``). A tiny model learns this criterion in a few hundred steps; the
+answer check (comparing two numbers across the prompt) it did not learn in 300.
 """
 
 from __future__ import annotations
@@ -37,20 +43,29 @@ JUDGE_PROMPT = (
     "Question: {prompt}\nReference: {answer}\nResponse: {response}\n"
     "Is the response's final answer the reference? Score 1 or 0."
 )
+# --criterion work: a style judge, as the paper's (quality from the env, style from the judge)
+WORK_PROMPT = (
+    "Question: {prompt}\nResponse: {response}\n"
+    "Does the response show its working (a step such as 12 + 7 = 19) before its answer? Score 1 or 0."
+)
+PROMPTS = {"answer": JUDGE_PROMPT, "work": WORK_PROMPT}
+_STEP = re.compile(r"\d\s*[-+*]\s*\d[^\n]*=\s*-?\d")
 FAMILIES = ("calculator", "arithmetic")
 _INT = re.compile(r"-?\d+")
 
 
-def judge_settings(base_url: str = "http://127.0.0.1:8000", model: str = "judge") -> JudgeSettings:
+def judge_settings(
+    base_url: str = "http://127.0.0.1:8000", model: str = "judge", criterion: str = "answer"
+) -> JudgeSettings:
     """The settings the data is rendered with; a run's judge must use the same prompt and scale."""
     return JudgeSettings(
         base_url=base_url,
         model=model,
-        prompt=JUDGE_PROMPT,
+        prompt=PROMPTS[criterion],
         system_prompt=None,
         score_min=0,
         score_max=1,
-        max_tokens=8,
+        max_tokens=24,  # "Score: 1" after the empty <think> block a Qwen3-like template opens with
     )
 
 
@@ -58,6 +73,11 @@ def judge_label(response: str, answer: int) -> int:
     """1 when ``response`` is no tool call and its last integer is ``answer``, else 0."""
     found = _INT.findall(response)
     return int("<tool_call>" not in response and bool(found) and int(found[-1]) == answer)
+
+
+def work_label(response: str) -> int:
+    """1 when ``response`` is no tool call and shows a worked step (``a op b ... = c``), else 0."""
+    return int("<tool_call>" not in response and _STEP.search(response) is not None)
 
 
 def arithmetic_tasks(n: int, seed: int) -> list[Task]:
@@ -127,12 +147,15 @@ def judge_response(rng: random.Random, task: Task, family: str) -> str:
     return rng.choice([calculator.tool_call_text(expr), "", "I am not sure.", "answer: unknown", "xq zzv kk"])
 
 
-def judge_conversations(n: int, seed: int = 0, families: tuple[str, ...] = FAMILIES) -> list[list[Message]]:
-    """``n`` judge SFT conversations (see the module docstring), the families taking turns."""
+def judge_conversations(
+    n: int, seed: int = 0, families: tuple[str, ...] = FAMILIES, criterion: str = "answer"
+) -> list[list[Message]]:
+    """``n`` judge SFT conversations (see the module docstring), the families taking turns; labelled by
+    `judge_label` (``criterion`` answer) or `work_label` (work)."""
     unknown = sorted(set(families) - set(FAMILIES))
     if unknown or not families:
         raise ValueError(f"unknown or no families {unknown}; known: {', '.join(FAMILIES)}")
-    rng, settings = random.Random(f"judge-chats-{seed}"), judge_settings()
+    rng, settings = random.Random(f"judge-chats-{seed}"), judge_settings(criterion=criterion)
     pools = {"calculator": calculator.make_tasks(n, seed), "arithmetic": arithmetic_tasks(n, seed)}
     out = []
     for i in range(n):
@@ -141,9 +164,8 @@ def judge_conversations(n: int, seed: int = 0, families: tuple[str, ...] = FAMIL
         response = judge_response(rng, task, family)
         episode = [{"role": "user", "content": task.prompt}, {"role": "assistant", "content": response}]
         request = render_messages(settings, episode_fields(episode, answer=task.answer))
-        out.append(
-            [*request, {"role": "assistant", "content": f"Score: {judge_label(response, task.answer)}"}]
-        )
+        label = judge_label(response, task.answer) if criterion == "answer" else work_label(response)
+        out.append([*request, {"role": "assistant", "content": f"Score: {label}"}])
     return out
 
 
@@ -156,15 +178,19 @@ def main() -> None:
     parser.add_argument(
         "--families", default=",".join(FAMILIES), help="comma-separated: " + ", ".join(FAMILIES)
     )
+    parser.add_argument(
+        "--criterion", choices=sorted(PROMPTS), default="answer",
+        help="answer: the final answer is the reference; work: the response shows a worked step",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     families = tuple(f.strip() for f in args.families.split(",") if f.strip())
-    count = write_jsonl(judge_conversations(args.n, args.seed, families), args.out)
+    count = write_jsonl(judge_conversations(args.n, args.seed, families, args.criterion), args.out)
     print(f"wrote {count} conversations to {args.out}")
-    settings = judge_settings()
+    settings = judge_settings(criterion=args.criterion)
     print("judge settings for the run (url and model: your judge server):")
     print(f"  prompt: {json.dumps(settings.prompt)}")
-    print("  system_prompt: null\n  score_min: 0\n  score_max: 1\n  max_tokens: 8")
+    print("  system_prompt: null\n  score_min: 0\n  score_max: 1\n  max_tokens: 24")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ __all__ = [
     "SUCCESS_THRESHOLD",
     "EvalSettings",
     "TaskFile",
+    "aggregate",
     "evaluate",
     "load_task_file",
     "pass_at_k",
@@ -242,7 +243,8 @@ async def evaluate(
     return report
 
 
-def _aggregate(tasks: list[dict[str, Any]], k: int) -> dict[str, Any]:
+def aggregate(tasks: list[dict[str, Any]], k: int) -> dict[str, Any]:
+    """The metrics of a set of task records (see `summarize`)."""
     samples = [s for t in tasks for s in t["samples"]]
     return {
         "tasks": len(tasks),
@@ -269,8 +271,8 @@ def summarize(tasks: list[dict[str, Any]], k: int) -> dict[str, Any]:
         by_file.setdefault(t["file"], []).append(t)
     return {
         "k": k,
-        "files": {path: _aggregate(ts, k) for path, ts in by_file.items()},
-        "overall": _aggregate(tasks, k),
+        "files": {path: aggregate(ts, k) for path, ts in by_file.items()},
+        "overall": aggregate(tasks, k),
         "tasks": tasks,
     }
 

@@ -20,6 +20,8 @@ from sao.envs.judged import COMBINES, JudgedEnv, episode_fields, transcript
 from sao.envs.style_shift import StyleShiftEnv
 from sao.rollout.env_calls import EpisodeError, step_env
 
+from .scripted import play_scripted
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "make_judge_chats.py"
 
 
@@ -75,19 +77,7 @@ def _judge(answer: str = "Score: 8", status: int = 200, **kw):
 
 
 def _play(env, turns: list[str], task: Task = TASK) -> list[StepResult]:
-    async def go():
-        await env.reset(task)
-        results = []
-        try:
-            for text in turns:
-                results.append(await env.step(text))
-                if results[-1].done:
-                    break
-        finally:
-            await env.close()
-        return results
-
-    return asyncio.run(go())
+    return play_scripted(env, task, turns)[1]
 
 
 @pytest.mark.parametrize(
@@ -320,3 +310,34 @@ def test_make_judge_chats_cli_writes_jsonl_and_prints_the_run_settings(
     assert all("Calculate" in r[0]["content"] for r in rows)
     with pytest.raises(ValueError, match="unknown or no families"):
         example["judge_conversations"](3, 0, ("chess",))
+
+
+@pytest.mark.parametrize(
+    ("response", "label"),
+    [
+        ("12 + 7 = 19\n<answer>19</answer>", 1),
+        ("leech: 2 * 0 = 0\n0 + 12 = 12\n<answer>12</answer>", 1),
+        ("<answer>19</answer>", 0),
+        ("Working it out step by step.\n<answer>19</answer>", 0),
+        ("answer = 19", 0),
+        ('<tool_call>{"name": "calc", "arguments": {"expr": "12+7"}}</tool_call> 12+7=19', 0),
+    ],
+)
+def test_the_style_judge_labels_responses_that_show_a_worked_step(example, response, label):
+    assert example["work_label"](response) == label
+
+
+def test_style_judge_chats_ask_the_work_question_with_its_labels(example):
+    convs = example["judge_conversations"](200, 3, ("arithmetic",), "work")
+    settings = example["judge_settings"](criterion="work")
+    for messages in convs:
+        (user,), answer = messages[:-1], messages[-1]
+        assert "Does the response show its working" in user["content"] and "Reference" not in user["content"]
+        response = user["content"].split("\nResponse: ", 1)[1].rsplit("\nDoes the response", 1)[0]
+        fields = episode_fields(
+            [{"role": "user", "content": user["content"].split("\n")[0].removeprefix("Question: ")},
+             {"role": "assistant", "content": response}]
+        )  # fmt: skip
+        assert render_messages(settings, fields) == [user]
+        assert answer["content"] == f"Score: {example['work_label'](response)}"
+    assert 0.1 < sum(m[-1]["content"] == "Score: 1" for m in convs) / len(convs) < 0.9

@@ -73,3 +73,35 @@ def test_a_real_untrained_judge_answers_unparseably_and_its_episodes_are_dropped
     ])  # fmt: skip
     with pytest.raises(RunStopped, match=r"\{.judge_error.: 6\}.*unparseable answer"):
         train_sync_entry(cfg)
+
+
+class _AlwaysJudgeFails:
+    """One turn, whose grade always fails."""
+
+    max_turns = 1
+
+    async def reset(self, task):
+        return [{"role": "user", "content": str(task.prompt)}]
+
+    async def step(self, text):
+        from sao.envs import JudgeError
+
+        raise JudgeError("the judge is down")
+
+    async def close(self):
+        pass
+
+
+def test_a_value_pretraining_corpus_with_no_trajectory_is_a_clear_error(tiny_tokenizer):
+    import asyncio
+
+    from sao.envs import Task
+    from sao.rollout.agent_loop import AgentLoopConfig
+    from sao.runtime.faults import NothingTrainableError
+    from sao.runtime.rollouts import collect_rollouts
+    from tests.envs.scripted import ScriptedEngine
+
+    engine = ScriptedEngine(tiny_tokenizer, ["x"] * 4)
+    with pytest.raises(NothingTrainableError, match=r"none of the 4 rollouts .* \{'judge_error': 4\}"):
+        asyncio.run(collect_rollouts(engine, tiny_tokenizer, _AlwaysJudgeFails, [Task("t", "q")], 4,
+                                     AgentLoopConfig(max_turns=1)))  # fmt: skip

@@ -7,6 +7,10 @@
 - Built-in environments: `calculator`, `guess_number`, `style_shift` (graded by `judges`), `math_tir`,
   `code_tests`, and the runtime workloads `long_tail` and `tool_latency`; `sft_data` plays SFT warm-start
   conversations in the first three.
+- Environment libraries (optional extras, `extras` names them): `reasoning_gym_env` (and its SFT recipe
+  `reasoning_gym_sft`), `textarena_env` (`textarena_opponents`), `verifiers_env` (`verifiers_seat`,
+  `verifiers_tools`, `verifiers_trace`).
+- LLM-judge rewards: `judge_client` (asking and parsing) and `judged` (`JudgedEnv`, any env graded).
 - What they share: `tools` (parsing tool calls and final answers), `verify` (math answers), and the sandbox
   for model-written code (`sandbox`, over `sandbox_command`, `sandbox_exec`, `sandbox_proc`,
   `sandbox_root`).
@@ -17,6 +21,7 @@ from .base import (
     ENV_TASKS,
     Env,
     EnvError,
+    JudgeError,
     Message,
     StepResult,
     Task,
@@ -32,6 +37,7 @@ __all__ = [
     "ENV_TASKS",
     "Env",
     "EnvError",
+    "JudgeError",
     "Message",
     "StepResult",
     "Task",

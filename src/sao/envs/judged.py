@@ -1,6 +1,6 @@
 """LLM-judged rewards for any environment: `JudgedEnv` wraps an env and grades each finished episode.
 
-The wrapper forwards ``reset``/``step``/``close``, ``tools``, ``name``, ``max_turns`` and
+The wrapper forwards ``reset``/``step``/``close``, ``tools``, ``name``, ``sandbox_mode``, ``max_turns`` and
 ``set_training_progress`` to the env it wraps and records the conversation (the reset messages, each
 assistant text, each observation). The episode ends at the step that returns ``done=True`` or the step
 that reaches ``max_turns`` (the agent loop's bound: the smaller of the run's and the env's own); there
@@ -120,6 +120,10 @@ class JudgedEnv:
     @property
     def tools(self) -> Any:
         return getattr(self.inner, "tools", None)
+
+    @property
+    def sandbox_mode(self) -> Any:  # recorded in the trajectory for envs that run model code
+        return getattr(self.inner, "sandbox_mode", None)
 
     def set_training_progress(self, progress: TrainingProgress) -> None:
         notify_training_progress(self.inner, progress)

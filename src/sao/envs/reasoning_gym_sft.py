@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -106,10 +107,18 @@ def sft_conversations(
     system_prompt: str | None = "default",
     answer_tag: str = "answer",
     solution: bool = True,
+    direct_frac: float = 0.0,
 ) -> tuple[list[list[Message]], int]:
     """``n`` tasks of the ``datasets`` mix in the SFT namespace, answered by `answer_reply` and played
     through ``ReasoningGymEnv(datasets, system_prompt, answer_tag)``; returns the chats that earned reward
-    1 and how many did not."""
+    1 and how many did not.
+
+    ``direct_frac``: the share of tasks (drawn per task, seeded) answered with the tag alone, without the
+    worked solution — deliberately imperfect data, as the quickstart's: a small model that answers
+    directly is wrong more often, and RL must learn that working it out pays (``solution=False``: all)."""
+    if not 0.0 <= direct_frac <= 1.0:
+        raise EnvError(f"direct_frac must be in [0, 1], got {direct_frac!r}")
+    rng = random.Random(f"sft-direct-{seed}")
     env = ReasoningGymEnv(datasets=datasets, system_prompt=system_prompt, answer_tag=answer_tag)
     tasks = generate_tasks(n, seed, env.families, namespace=SFT_NAMESPACE)
 
@@ -117,7 +126,7 @@ def sft_conversations(
         chats, failed = [], 0
         for task in tasks:
             messages = await env.reset(task)
-            reply = answer_reply(task, answer_tag, solution)
+            reply = answer_reply(task, answer_tag, solution and rng.random() >= direct_frac)
             result = await env.step(reply)
             await env.close()
             if result.reward == 1.0:
@@ -167,13 +176,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--system-prompt", default="default", help="as the env's system_prompt ('' for none)")
     parser.add_argument("--answer-tag", default="answer")
     parser.add_argument("--no-solution", action="store_true", help="the answer tag only, no solution lines")
+    parser.add_argument(
+        "--direct-frac", type=float, default=0.0,
+        help="share of tasks answered with the tag alone (the rest with their worked solution)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         datasets = datasets_arg(args.datasets, args.config)
         chats, failed = sft_conversations(
-            args.n, args.seed, datasets, args.system_prompt, args.answer_tag, not args.no_solution
-        )
+            args.n, args.seed, datasets, args.system_prompt, args.answer_tag, not args.no_solution,
+            args.direct_frac,
+        )  # fmt: skip
     except EnvError as err:
         parser.error(str(err))
     count = write_chats(chats, args.out)

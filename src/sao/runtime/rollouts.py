@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 from sao.engine.types import InferenceEngine
 from sao.envs.base import Env, Task
 from sao.rollout.agent_loop import AgentLoopConfig, EpisodeError, run_episode
 from sao.types import Trajectory
+
+from .faults import NothingTrainableError
 
 __all__ = ["collect_rollouts"]
 
@@ -30,12 +33,14 @@ async def collect_rollouts(
     """Play ``n`` episodes (tasks cycled in order) with at most ``concurrency`` at once.
 
     Episodes that yield no trajectory (`EpisodeError`: env or engine failures) are skipped, the first of
-    each drop reason logged; the result can be shorter than ``n``.
+    each drop reason logged; the result can be shorter than ``n``. When none yields one,
+    `NothingTrainableError` says why (the drops by reason and the first message).
     """
     if not tasks:
         raise ValueError("collect_rollouts needs at least one task")
     gate = asyncio.Semaphore(concurrency)
-    logged: set[str] = set()
+    drops: Counter[str] = Counter()
+    first: list[str] = []
 
     async def one(i: int) -> Trajectory | None:
         async with gate:
@@ -44,10 +49,17 @@ async def collect_rollouts(
                     engine, tokenizer, make_env(), tasks[i % len(tasks)], loop_cfg, seed=seed + i
                 )
             except EpisodeError as err:
-                if err.reason not in logged:
-                    logged.add(err.reason)
+                if not drops[err.reason]:
                     log.warning("rollout %d dropped (%s): %s [later ones are not logged]", i, err.reason, err)
+                    first.append(str(err))
+                drops[err.reason] += 1
                 return None
 
     results = await asyncio.gather(*(one(i) for i in range(n)))
-    return [t for t in results if t is not None]
+    trajectories = [t for t in results if t is not None]
+    if n and not trajectories:
+        raise NothingTrainableError(
+            f"none of the {n} rollouts of the policy yielded a trajectory; dropped: {dict(drops)}; "
+            f"first: {first[0] if first else 'none'}"
+        )
+    return trajectories
