@@ -108,16 +108,20 @@ def sft_conversations(
     answer_tag: str = "answer",
     solution: bool = True,
     direct_frac: float = 0.0,
+    direct_wrong_frac: float = 0.0,
 ) -> tuple[list[list[Message]], int]:
     """``n`` tasks of the ``datasets`` mix in the SFT namespace, answered by `answer_reply` and played
     through ``ReasoningGymEnv(datasets, system_prompt, answer_tag)``; returns the chats that earned reward
     1 and how many did not.
 
     ``direct_frac``: the share of tasks (drawn per task, seeded) answered with the tag alone, without the
-    worked solution — deliberately imperfect data, as the quickstart's: a small model that answers
-    directly is wrong more often, and RL must learn that working it out pays (``solution=False``: all)."""
-    if not 0.0 <= direct_frac <= 1.0:
-        raise EnvError(f"direct_frac must be in [0, 1], got {direct_frac!r}")
+    worked solution (``solution=False``: all); ``direct_wrong_frac`` of those (integer answers only) give a
+    number off by 1 or 2 and are kept although they score 0. Deliberately imperfect data, as the
+    quickstart's: the warm-started policy sometimes answers directly and is then often wrong, and RL must
+    learn that working it out pays."""
+    for name, frac in (("direct_frac", direct_frac), ("direct_wrong_frac", direct_wrong_frac)):
+        if not 0.0 <= frac <= 1.0:
+            raise EnvError(f"{name} must be in [0, 1], got {frac!r}")
     rng = random.Random(f"sft-direct-{seed}")
     env = ReasoningGymEnv(datasets=datasets, system_prompt=system_prompt, answer_tag=answer_tag)
     tasks = generate_tasks(n, seed, env.families, namespace=SFT_NAMESPACE)
@@ -126,16 +130,25 @@ def sft_conversations(
         chats, failed = [], 0
         for task in tasks:
             messages = await env.reset(task)
-            reply = answer_reply(task, answer_tag, solution and rng.random() >= direct_frac)
+            direct = not solution or rng.random() < direct_frac
+            reply = answer_reply(task, answer_tag, not direct)
+            wrong = direct and rng.random() < direct_wrong_frac and _is_int(task.answer)
+            if wrong:
+                off = int(str(task.answer)) + rng.choice((-2, -1, 1, 2))
+                reply = f"<{answer_tag}>{off}</{answer_tag}>"
             result = await env.step(reply)
             await env.close()
-            if result.reward == 1.0:
+            if result.reward == 1.0 or wrong:
                 chats.append([*messages, {"role": "assistant", "content": reply}])
             else:
                 failed += 1
         return chats, failed
 
     return asyncio.run(play())
+
+
+def _is_int(answer: Any) -> bool:
+    return re.fullmatch(r"-?\d+", str(answer).strip()) is not None
 
 
 def write_chats(chats: list[list[Message]], path: Path) -> int:
@@ -180,13 +193,17 @@ def main(argv: list[str] | None = None) -> None:
         "--direct-frac", type=float, default=0.0,
         help="share of tasks answered with the tag alone (the rest with their worked solution)",
     )  # fmt: skip
+    parser.add_argument(
+        "--direct-wrong-frac", type=float, default=0.0,
+        help="share of the direct answers that give a number off by 1 or 2 (kept; they score 0)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
         datasets = datasets_arg(args.datasets, args.config)
         chats, failed = sft_conversations(
             args.n, args.seed, datasets, args.system_prompt, args.answer_tag, not args.no_solution,
-            args.direct_frac,
+            args.direct_frac, args.direct_wrong_frac,
         )  # fmt: skip
     except EnvError as err:
         parser.error(str(err))
