@@ -262,3 +262,28 @@ def test_an_episode_through_the_agent_loop_earns_the_library_reward(tasks, tiny_
     traj = asyncio.run(run_episode(engine, tiny_tokenizer, ReasoningGymEnv(), task, AgentLoopConfig()))
     assert traj.rewards == [1.0] and traj.finish_reason == "stop" and traj.num_turns == 1
     assert traj.metadata["infos"][0]["answer"] == task.answer
+
+
+def test_a_deliberately_imperfect_warm_start_mixes_direct_and_wrong_answers():
+    from sao.envs.reasoning_gym_env import ReasoningGymEnv, generate_tasks
+    from sao.envs.reasoning_gym_sft import SFT_NAMESPACE
+
+    datasets = {"chain_sum": {"config": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}}
+    chats, failed = sft_conversations(400, 0, datasets, "simple", direct_frac=0.5, direct_wrong_frac=0.5)
+    tasks = generate_tasks(400, 0, ReasoningGymEnv(datasets=datasets).families, namespace=SFT_NAMESPACE)
+    assert failed == 0 and len(chats) == 400 == len(tasks)
+    kinds = {"worked": 0, "direct": 0, "wrong": 0}
+    for chat, task in zip(chats, tasks, strict=True):
+        reply = chat[-1]["content"]
+        assert chat[-2]["content"] == task.prompt
+        if reply == answer_reply(task, solution=True) and "=" in reply:
+            kinds["worked"] += 1
+        elif reply == answer_reply(task, solution=False):
+            kinds["direct"] += 1
+        else:  # the tag alone, off by 1 or 2
+            value = int(reply.removeprefix("<answer>").removesuffix("</answer>"))
+            assert abs(value - int(task.answer)) in (1, 2)
+            kinds["wrong"] += 1
+    assert 150 < kinds["worked"] < 250 and 60 < kinds["direct"] < 140 and 60 < kinds["wrong"] < 140, kinds
+    with pytest.raises(EnvError, match="direct_wrong_frac"):
+        sft_conversations(1, 0, datasets, direct_wrong_frac=2.0)
