@@ -95,11 +95,12 @@ class _AlwaysJudgeFails:
 def test_a_value_pretraining_corpus_with_no_trajectory_is_a_clear_error(tiny_tokenizer):
     import asyncio
 
+    from tests.envs.scripted import ScriptedEngine
+
     from sao.envs import Task
     from sao.rollout.agent_loop import AgentLoopConfig
     from sao.runtime.faults import NothingTrainableError
     from sao.runtime.rollouts import collect_rollouts
-    from tests.envs.scripted import ScriptedEngine
 
     engine = ScriptedEngine(tiny_tokenizer, ["x"] * 4)
     with pytest.raises(NothingTrainableError, match=r"none of the 4 rollouts .* \{'judge_error': 4\}"):
