@@ -116,11 +116,10 @@ def test_paper_config_runs_qwen3_moe_on_a_joined_ray_cluster_with_server_engines
     "path", [p for p in PAPER_CONFIGS if "env_kwargs" in p.read_text()], ids=lambda p: p.stem
 )
 def test_paper_config_env_kwargs_build_the_env(path: Path) -> None:
-    from sao.runtime.build import build_env_factory
-    from sao.runtime.factory_args import env_args
+    from sao.runtime.build import FACTORIES, build_env_factory
 
     cfg = load_config(path)
-    env = build_env_factory(env_args(cfg.data))()  # a wrong kwarg is a ConfigError naming data.env_kwargs
+    env = build_env_factory(FACTORIES["env"](cfg))()  # a wrong kwarg is a ConfigError naming data.env_kwargs
     assert env.max_turns == cfg.data.max_turns
 
 
