@@ -103,3 +103,26 @@ def test_an_env_whose_library_is_missing_is_refused_at_load_with_the_install_com
     monkeypatch.setitem(extras.OPTIONAL_ENVS, "textarena", ("no_such_module_for_sao_tests", "textarena"))
     with pytest.raises(ConfigError, match=r"data\.env: .*pip install 'sao\[textarena\]'"):
         _cfg("data.env=textarena")
+
+
+def test_a_resumed_stream_run_goes_on_with_fresh_tasks(tmp_path):
+    """A stream run checkpointed at step 2 and resumed to step 4 trains no prompt twice: the resumed
+    sampler goes on from the stream position saved in the checkpoint."""
+    import json
+
+    from sao.runtime.runner import train_sync_entry
+
+    run = tmp_path / "run"
+    base = [
+        "model.tiny_arch=qwen3_moe", "model.tiny_size=test", "model.dtype=float32", "model.device=cpu",
+        "algo.preset=running_mean_8", "data.env=calculator", "data.stream=true", "data.max_turns=2",
+        "data.max_total_tokens=200", "engine.max_new_tokens=8", "trainer.batch_size=4",
+        "runtime.max_in_flight=4", "runtime.max_staleness=1", "logging.tensorboard=false",
+        "logging.checkpoint_every=2", "logging.episodes=true", f"logging.run_dir={run}",
+    ]  # fmt: skip
+    assert train_sync_entry(load_config(None, [*base, "trainer.total_steps=2"])).steps == 2
+    resumed = train_sync_entry(load_config(None, [*base, "trainer.total_steps=4"]), resume=True)
+    assert resumed.steps == 4
+    ids = [json.loads(x)["prompt_id"] for x in (run / "episodes.jsonl").read_text().splitlines()]
+    assert len(ids) == 16 and len(set(ids)) == 16, ids
+    assert all(":" in i for i in ids)  # stream ids "<index>:<generator id>"
