@@ -33,6 +33,7 @@ from typing import Any
 
 from .base import EnvError, Message, Task
 from .reasoning_gym_env import ReasoningGymEnv, generate_tasks
+from .sft_data import write_jsonl
 
 __all__ = [
     "SFT_NAMESPACE",
@@ -41,7 +42,6 @@ __all__ = [
     "datasets_arg",
     "main",
     "sft_conversations",
-    "write_chats",
 ]
 
 SFT_NAMESPACE = "sft"
@@ -151,14 +151,6 @@ def _is_int(answer: Any) -> bool:
     return re.fullmatch(r"-?\d+", str(answer).strip()) is not None
 
 
-def write_chats(chats: list[list[Message]], path: Path) -> int:
-    """Write ``{"messages": [...]}`` lines (as `sao.envs.sft_data.write_jsonl`); returns how many."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps({"messages": chat}, ensure_ascii=False) + "\n" for chat in chats)
-    return len(chats)
-
-
 def datasets_arg(names: str | None, config: str | None) -> list[str] | dict[str, Any]:
     """The ``datasets`` value from ``--datasets a,b`` and ``--config`` (a JSON mapping name -> {weight,
     config}; families it names are added, those of ``--datasets`` it does not name keep the defaults)."""
@@ -207,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         )  # fmt: skip
     except EnvError as err:
         parser.error(str(err))
-    count = write_chats(chats, args.out)
+    count = write_jsonl(chats, args.out)
     print(f"wrote {count} reasoning_gym chats to {args.out} ({failed} left out: their answer scored < 1)")
 
 
