@@ -57,7 +57,7 @@ class PromptSampler:
         self.epoch = 0
         self.cursor = 0
         self.draws = 0
-        self._order = self._permutation(0) if self.tasks else []
+        self._order = self._permutation(0)
 
     def _permutation(self, epoch: int) -> list[int]:
         order = list(range(len(self.tasks)))
@@ -66,26 +66,24 @@ class PromptSampler:
 
     def next(self) -> Start:
         """The next task (and its group) to start."""
-        if self.stream is not None:
-            task = self.stream.task(self.draws)
-            self.draws += 1
-            return Start(task, f"{task.id}#{self.draws}" if self.group_size > 1 else None, self.group_size)
+        task = self.stream.task(self.draws) if self.stream is not None else self.tasks[self._next_index()]
+        self.draws += 1
+        group_id = f"{task.id}#{self.draws}" if self.group_size > 1 else None
+        return Start(task, group_id, self.group_size)
+
+    def _next_index(self) -> int:
+        """The index in ``tasks`` of the next start: drawn by weight, else the epoch order's next."""
         if self.weights is not None:
             w = list(self.weights([t.id for t in self.tasks]))
             if len(w) != len(self.tasks) or any(x < 0 for x in w) or sum(w) <= 0:
                 raise ValueError("sampling weights must be one non-negative number per task, not all zero")
-            index = random.Random(f"{self.seed}-draw-{self.draws}").choices(range(len(self.tasks)), w)[0]
-        else:
-            if self.cursor == len(self._order):
-                self.epoch += 1
-                self.cursor = 0
-                self._order = self._permutation(self.epoch) if self.tasks else []
-            index = self._order[self.cursor]
-            self.cursor += 1
-        self.draws += 1
-        task = self.tasks[index]
-        group_id = f"{task.id}#{self.draws}" if self.group_size > 1 else None
-        return Start(task, group_id, self.group_size)
+            return random.Random(f"{self.seed}-draw-{self.draws}").choices(range(len(self.tasks)), w)[0]
+        if self.cursor == len(self._order):
+            self.epoch += 1
+            self.cursor = 0
+            self._order = self._permutation(self.epoch)
+        self.cursor += 1
+        return self._order[self.cursor - 1]
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "cursor": self.cursor, "draws": self.draws, "seed": self.seed}
@@ -94,4 +92,4 @@ class PromptSampler:
         if state["seed"] != self.seed:
             raise ValueError(f"sampler state is for seed {state['seed']}, this sampler has seed {self.seed}")
         self.epoch, self.cursor, self.draws = int(state["epoch"]), int(state["cursor"]), int(state["draws"])
-        self._order = self._permutation(self.epoch) if self.tasks else []
+        self._order = self._permutation(self.epoch)
