@@ -87,6 +87,5 @@ class JudgeConfig(Section):
 
     def worst_case_s(self) -> float:
         """Seconds one grade may take at most: every attempt timing out, with the longest backoffs."""
-        s = self.settings()
-        backoffs = sum(min(s.backoff_max_s, s.backoff_s * 2**k) for k in range(self.retries))
-        return (self.retries + 1) * self.timeout_s + backoffs
+        backoffs = self.settings().backoff
+        return (self.retries + 1) * self.timeout_s + sum(backoffs(k) for k in range(1, self.retries + 1))

@@ -121,11 +121,7 @@ class JudgeSettings:
             ("temperature", _finite(self.temperature) and self.temperature >= 0, "a finite number >= 0"),
             ("timeout_s", _finite(t) and t > 0, "a finite number > 0"),
             ("backoff_s", _finite(back) and back >= 0, "a finite number >= 0"),
-            (
-                "backoff_max_s",
-                _finite(back_max) and _finite(back) and back_max >= back,
-                "a number >= backoff_s",
-            ),
+            ("backoff_max_s", _finite(back_max) and back_max >= back, "a number >= backoff_s"),
         ]
         for name, least in (("max_tokens", 1), ("retries", 0), ("concurrency", 1), ("cache_size", 0)):
             value = getattr(self, name)
@@ -136,6 +132,10 @@ class JudgeSettings:
                 raise ValueError(f"judge setting {name} must be {want}, got {getattr(self, name)!r}")
         if not _template_fields(self.prompt) & {"response", "conversation"}:
             raise ValueError("judge setting prompt must show the episode: use {response} or {conversation}")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1, 2, ...), before the jitter (× 0.5–1)."""
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (attempt - 1))
 
     @property
     def chat_url(self) -> str:
@@ -381,7 +381,7 @@ class JudgeClient:
                 retry_after = _retry_after(response)
             if attempt > s.retries:
                 break
-            delay = min(s.backoff_max_s, s.backoff_s * 2 ** (attempt - 1)) * (0.5 + 0.5 * self._rng.random())
+            delay = s.backoff(attempt) * (0.5 + 0.5 * self._rng.random())
             if retry_after is not None:
                 delay = max(delay, min(retry_after, s.backoff_max_s))
             await self._sleep(delay)
