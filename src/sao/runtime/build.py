@@ -15,7 +15,7 @@ from sao.envs.factory import make_env
 from .args import EnvArgs, TaskArgs, TokenizerArgs, TrainerArgs
 from .factories import FACTORIES
 from .parts import RunParts
-from .task_stream import TaskStream
+from .task_stream import TaskStream, chunk_seed
 
 __all__ = [
     "FACTORIES",
@@ -119,8 +119,6 @@ def build_tasks(args: TaskArgs) -> list[Task]:
         except TaskFileError as err:
             raise ConfigError(f"data.train_file: {err}") from None
     if args.stream:
-        from .task_stream import chunk_seed
-
         return _generated(args, args.count, chunk_seed(args.seed, 0, namespace="pool"))
     return _generated(args, args.count, args.seed)
 
@@ -130,8 +128,6 @@ def build_stream(args: TaskArgs) -> TaskStream | None:
     env whose generator cannot serve a stream fails at startup."""
     if not args.stream:
         return None
-    from .task_stream import TaskStream
-
     stream = TaskStream(lambda n, seed: _generated(args, n, seed), args.seed)
     try:
         stream.task(0)

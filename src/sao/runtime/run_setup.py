@@ -25,7 +25,7 @@ from sao.types import Trajectory
 
 from .args import GatewayArgs, ModelArgs, RunLogArgs, SamplerArgs
 from .backend import Backend, EngineHooks, ModelDirs
-from .build import assemble, build_env_factory, build_stream, build_tasks, build_tokenizer
+from .build import EnvBuilder, assemble, build_env_factory, build_stream, build_tasks, build_tokenizer
 from .clock import TrainingClock
 from .evaluation import TrainingEvaluator, load_eval_files
 from .gateway_run import RunGateway, make_verifier
@@ -117,7 +117,7 @@ def make_sampler(
     """The prompt order: the stream's fresh tasks when there is one, else ``tasks``, prioritized by the
     trainer's estimator when it has priorities and they are on."""
     weights = None
-    if stream is None and args.prioritized and trainer.prioritizes_prompts:
+    if args.prioritized and trainer.prioritizes_prompts:
         weights = trainer.sampling_weights
     return PromptSampler(tasks, group_size=args.group_size, seed=args.seed, weights=weights, stream=stream)
 
@@ -196,7 +196,7 @@ class RunSetup:
         self.last: dict[str, float] = {}  # the last step's metrics
         # Built by `start`, in this order.
         self.loaded: LoadedCheckpoint | None = None
-        self.env_factory: Callable[[], Env] | None = None
+        self.env_factory: EnvBuilder | None = None
         self.eval_files: list[Any] = []
         self.tokenizer: Any = None
         self.tasks: list[Task] = []
@@ -290,7 +290,7 @@ class RunSetup:
         from sao.sinks import make_sinks
 
         p, checks = self.parts, self.weight_checks
-        assert checks is not None
+        assert checks is not None and self.env_factory is not None
         # A resumed run redoes the steps after its checkpoint (all without one): set their records aside.
         resume_step = self.loaded.step if self.loaded is not None else (-1 if self.resume else None)
         self.sinks = make_sinks(p.sinks.logging, p.sinks.run_dir, run_name=p.sinks.run_name,
@@ -310,7 +310,7 @@ class RunSetup:
             # starts only once the step is checkpointed (an exact resume); the mismatch drift alarm.
             checks,
             self.books,
-            JudgeMetrics(judge) if (judge := getattr(self.env_factory, "judge", None)) is not None else None,
+            JudgeMetrics(self.env_factory.judge) if self.env_factory.judge is not None else None,
             self.inspector if self.inspector.enabled else None,  # its runtime/inspect_s logged with the step
             EpisodeLog(p.run_logs.run_dir, resume_step) if p.run_logs.episodes else None,
             MetricsLog(self.sinks, self.progress),
