@@ -54,6 +54,7 @@ from functools import lru_cache
 from typing import Any
 
 from .base import EnvError, Message, StepResult, Task, initial_messages, message_text, register_env
+from .extras import install_command, require_library
 
 __all__ = [
     "INSTALL_HINT",
@@ -67,7 +68,7 @@ __all__ = [
     "score_reply",
 ]
 
-INSTALL_HINT = "pip install 'sao[reasoning-gym]'"
+INSTALL_HINT = install_command("reasoning_gym")
 _SET_BY_SAO = ("seed", "size")  # dataset config fields sao sets per task batch
 _SPEC_KEYS = ("weight", "config")
 _TAG = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")  # interpolated into the library's regex unescaped
@@ -89,14 +90,7 @@ class FamilySpec:
 
 def _library() -> Any:
     """The ``reasoning_gym`` package, or `EnvError` with the install command."""
-    try:
-        import reasoning_gym
-    except ImportError:
-        raise EnvError(
-            "environment 'reasoning_gym' needs the reasoning-gym package, which is not installed: "
-            + INSTALL_HINT
-        ) from None
-    return reasoning_gym
+    return require_library("reasoning_gym")
 
 
 def _registry() -> dict[str, tuple[type, type]]:

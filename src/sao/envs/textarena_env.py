@@ -52,13 +52,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sao.envs.base import EnvError, Message, StepResult, Task, register_env
+from sao.envs.extras import install_command, require_library
 from sao.envs.textarena_opponents import Opponent, OpponentTurn, opponent_factory
 
 __all__ = ["DEFAULT_MAX_TURNS", "GameError", "GameSpec", "TextArenaEnv", "game_spec", "make_tasks"]
 
 DEFAULT_MAX_TURNS = 100
 MAX_OPPONENT_MOVES = 1000  # opponent moves in a row before the game is deemed stuck
-INSTALL = "pip install 'sao[textarena]'"
+INSTALL = install_command("textarena")
 NOTHING_NEW = "[GAME] Your turn."  # when the game has no new message for the model (rare)
 
 
@@ -74,11 +75,7 @@ class GameError(RuntimeError):
 
 
 def _textarena() -> Any:
-    try:
-        import textarena
-    except ImportError as err:
-        raise EnvError(f"the textarena env needs the textarena library: {INSTALL} ({err})") from None
-    return textarena
+    return require_library("textarena")
 
 
 def _unwrap(env: Any, ta: Any) -> Any:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sao.envs.base import EnvError, Message, StepResult, Task, register_env
+from sao.envs.extras import install_command, require_library
 from sao.envs.verifiers_seat import PolicyChannel, PolicySeat
 from sao.envs.verifiers_tools import ToolBox
 from sao.envs.verifiers_trace import (
@@ -41,7 +42,7 @@ from sao.envs.verifiers_trace import (
 
 __all__ = ["VerifiersEnv", "load_verifiers_env"]
 
-INSTALL_HINT = "pip install 'sao[verifiers]'"
+INSTALL_HINT = install_command("verifiers")
 NO_TURN_LIMIT = (
     1_000_000  # ``max_turns`` when neither the config nor the env sets one: the agent loop's own bounds
 )
@@ -110,10 +111,7 @@ def load_verifiers_env(env_id: str, env_args: dict[str, Any] | None = None) -> L
 
 
 def _load(env_id: str, env_args: dict[str, Any]) -> LoadedEnv:
-    try:
-        import verifiers.v1 as vf
-    except ImportError as err:
-        raise EnvError(f"the verifiers env needs the verifiers library: {INSTALL_HINT} ({err})") from None
+    vf = require_library("verifiers", "verifiers.v1")
     if "id" in env_args:
         raise EnvError("data.env_kwargs.env_args is the taskset's config; its id is data.env_kwargs.env_id")
     try:
