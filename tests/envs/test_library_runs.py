@@ -21,6 +21,11 @@ _RUN = [
 ]  # fmt: skip
 
 
+# The multi-turn runs below use the most realistic tokenizer and template here: a locally trained byte-level
+# BPE and the Qwen3-like template with thinking on (it rewrites earlier turns: their <think> blocks go).
+_BPE_QWEN3 = ["model.tiny_tokenizer=bpe", "model.chat_template=qwen3", "model.enable_thinking=true"]
+
+
 def _run(run_dir: Path, *overrides: str) -> tuple[list[dict], list[dict], dict]:
     """A 3-step async SAO run; checks the books and the token count; returns steps, episodes, counters."""
     result = train_sync_entry(load_config(None, [*_RUN, f"logging.run_dir={run_dir}", *overrides]))
@@ -52,18 +57,18 @@ def test_a_reasoning_gym_mixture_streams_fresh_prompts_through_an_async_sao_run(
 
 
 @pytest.mark.parametrize(
-    ("game", "extra"),
+    ("game", "extra", "tokenizer"),
     [
-        ("GuessTheNumber-v0", []),  # single-player: the game's own reward at the end
-        ("TicTacToe-v0", ["opponent: random", "player_id: random"]),  # two-player, a scripted opponent
+        ("GuessTheNumber-v0", [], []),  # single-player: the game's own reward at the end
+        ("TicTacToe-v0", ["opponent: random", "player_id: random"], _BPE_QWEN3),  # two-player, scripted foe
     ],
 )
-def test_textarena_games_train_in_an_async_sao_run(tmp_path, game, extra):
+def test_textarena_games_train_in_an_async_sao_run(tmp_path, game, extra, tokenizer):
     pytest.importorskip("textarena")
     kwargs = ", ".join([f"game: {game}", "max_turns: 4", *extra])
     steps, episodes, _ = _run(
         tmp_path / "run", "data.env=textarena", f"data.env_kwargs={{{kwargs}}}", "data.max_turns=4",
-        "data.max_total_tokens=1500",
+        "data.max_total_tokens=1500", *tokenizer,
     )  # fmt: skip
     assert all(e["turns"] for e in episodes)
     assert all(-1.0 <= r["reward/mean"] <= 1.0 for r in steps)
@@ -76,7 +81,7 @@ def test_a_verifiers_multi_turn_environment_trains_in_an_async_sao_run(tmp_path,
     steps, episodes, _ = _run(
         tmp_path / "run", "data.env=verifiers",
         "data.env_kwargs={env_id: sao_vf_guess, env_args: {num_tasks: 16}}", "data.max_turns=6",
-        "data.max_total_tokens=1500",
+        "data.max_total_tokens=1500", *_BPE_QWEN3,
     )  # fmt: skip
     assert max(len(e["turns"]) for e in episodes) > 1  # the env answered guesses
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in steps)
