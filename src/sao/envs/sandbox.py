@@ -69,7 +69,6 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import threading
 import uuid
 import weakref
@@ -80,6 +79,7 @@ from sao.envs.sandbox_command import Isolation, Limits, make_scratch
 from sao.envs.sandbox_exec import execute, isolation_for, probe_failure
 from sao.envs.sandbox_proc import allocate_uid, kill_leftovers, release_uid
 from sao.envs.sandbox_result import SandboxResult
+from sao.envs.sandbox_root import interpreter
 
 __all__ = [
     "MODES",
@@ -98,7 +98,7 @@ _announced: set[str] = set()
 _announce_lock = threading.Lock()
 _OOM_SIGNS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory", "Out of memory")
 _PROGRAMS = {  # language: (file the code is written to, command)
-    "python": ("main.py", [sys.executable, "-E", "-s", "-u", "main.py"]),
+    "python": ("main.py", [interpreter(), "-E", "-s", "-u", "main.py"]),
     "bash": ("script.sh", ["bash", "script.sh"]),
 }
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from sao.envs.sandbox_proc import MARKER_VAR
-from sao.envs.sandbox_root import parent_dirs, root_args
+from sao.envs.sandbox_root import interpreter, parent_dirs, root_args
 
 __all__ = ["MAX_FILE_BYTES", "MAX_PROCESSES", "Isolation", "Limits", "command", "environment", "make_scratch"]
 
@@ -137,7 +136,7 @@ def make_scratch(uid: int | None) -> tuple[Path, Path, Path]:
     tmp.chmod(0o1777)  # like /tmp: base (0711, random name) already keeps other users out
     bin_dir.mkdir()
     for name in ("python", "python3"):  # first on PATH: `python` is sao's interpreter, even where
-        (bin_dir / name).symlink_to(sys.executable)  # its own dir has only python3.X
+        (bin_dir / name).symlink_to(interpreter())  # its own dir has only python3.X
     if uid is not None:
         base.chmod(0o711)
         os.chown(work, uid, uid)
@@ -185,7 +184,7 @@ def command(
         "uid": uid,
         "read_all": iso.read_all and uid is not None,
     }
-    launcher = [sys.executable, "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)]
+    launcher = [interpreter(), "-I", "-S", "-c", LAUNCHER, json.dumps(cfg)]
     if iso.mode == "bwrap":
         return [*_bwrap_prefix(iso, work, tmp, uid, limits), *launcher, *argv]
     if iso.mode == "unshare":
@@ -196,7 +195,7 @@ def command(
 def environment(iso: Isolation, work: Path, tmp: Path, marker: str) -> dict[str, str]:
     system = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     return {
-        "PATH": f"{work.parent / 'bin'}:{os.path.dirname(sys.executable)}:{system}",
+        "PATH": f"{work.parent / 'bin'}:{os.path.dirname(interpreter())}:{system}",
         "HOME": str(work),
         "TMPDIR": "/tmp" if iso.mode == "bwrap" else str(tmp),
         "LANG": "C.UTF-8",

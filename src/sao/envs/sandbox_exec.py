@@ -8,7 +8,6 @@ import os
 import selectors
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from sao.envs.sandbox_command import Isolation, Limits, command, environment, make_scratch
 from sao.envs.sandbox_proc import allocate_uid, kill_leftovers, release_uid
+from sao.envs.sandbox_root import interpreter
 
 __all__ = ["Outcome", "execute", "isolation_for", "probe_failure"]
 
@@ -154,7 +154,7 @@ def _works(iso: Isolation) -> str | None:
         return "no free uid in this user namespace's map for the sandbox's private uid"
     base, work, tmp = make_scratch(uid)
     try:
-        argv = [sys.executable, "-E", "-s", "-c", "print('sandbox-ok')"]
+        argv = [interpreter(), "-E", "-s", "-c", "print('sandbox-ok')"]
         limits = Limits(timeout_s=20.0, memory_mb=512, output_limit=4096)
         out = execute(argv, iso=iso, work=work, tmp=tmp, uid=uid, limits=limits, marker=base.name)
         if out.returncode == 0 and out.stdout.strip() == b"sandbox-ok":

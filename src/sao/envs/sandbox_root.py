@@ -42,10 +42,16 @@ ETC_ENTRIES = (
 _MAX_LINKS = 40  # like the kernel's limit on symlinks followed while resolving one path
 
 
+def interpreter() -> str:
+    """sao's interpreter as an absolute path without ``..`` (``sys.executable`` may hold one, e.g. a
+    ``../.venv/bin/python`` run; only the normalised path exists inside the sandbox's root)."""
+    return os.path.abspath(sys.executable)
+
+
 def interpreter_paths() -> set[str]:
     """What sandboxed Python needs of sao's interpreter: the executable, its prefixes, the standard
     library and the site-packages dirs (not other ``sys.path`` entries)."""
-    paths = {sys.executable, sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    paths = {interpreter(), sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     scheme = sysconfig.get_paths()
     paths |= {scheme[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in scheme}
     paths |= set(getattr(site, "getsitepackages", list)())  # absent in old virtualenvs' site.py
