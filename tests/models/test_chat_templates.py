@@ -199,7 +199,7 @@ def test_load_chat_template_by_name_or_file(tmp_path: Path) -> None:
     custom = tmp_path / "mine.jinja"
     custom.write_text("{{ messages[0].content }}")
     assert load_chat_template(str(custom)) == "{{ messages[0].content }}"
-    with pytest.raises(ValueError, match=r"'qwen4'.*hermes, qwen3, sao"):
+    with pytest.raises(ValueError, match=r"'qwen4'.*hermes, qwen3, qwen3_coder, sao"):
         load_chat_template("qwen4")
     with pytest.raises(ValueError, match=r"missing\.jinja"):
         load_chat_template(str(tmp_path / "missing.jinja"))

@@ -33,7 +33,7 @@ def init_model_command(
         str | None,
         typer.Option(
             "--chat-template",
-            help="Chat template saved with the tokenizer: qwen3, hermes, sao, or a .jinja file "
+            help="Chat template saved with the tokenizer: qwen3, qwen3_coder, hermes, sao, or a .jinja file "
             "(default: sao for byte, qwen3 for bpe).",
         ),
     ] = None,
@@ -91,7 +91,8 @@ def sft_command(
     chat_template: Annotated[
         str | None,
         typer.Option(
-            help="Replace the checkpoint's chat template: a shipped name (qwen3, hermes, sao) or a .jinja."
+            help="Replace the checkpoint's chat template: a shipped name (qwen3, qwen3_coder, hermes, sao) "
+            "or a .jinja."
         ),
     ] = None,
     enable_thinking: Annotated[

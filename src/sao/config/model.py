@@ -33,7 +33,8 @@ class ModelConfig(Section):
     chat_template: str | None = Field(
         None,
         description="Chat template override: a .jinja file, or a template shipped with sao ('qwen3', "
-        "'hermes', 'sao'); used for every rendering (episodes, gateway, evaluation). null: the checkpoint's.",
+        "'hermes', 'qwen3_coder', 'sao'); used for every rendering (episodes, gateway, evaluation). null: "
+        "the checkpoint's.",
     )
     enable_thinking: bool | None = Field(
         None,

@@ -4,7 +4,8 @@ The user asks ``"What is 37 * 12?"`` (operands 0..99, operator ``+``, ``-`` or `
 kept short because a byte-level tokenizer makes every byte a token:
 
 - tool call:    ``<tool_call>{"name": "calc", "arguments": {"expr": "37*12"}}</tool_call>`` (any JSON
-  whitespace is accepted); the env answers with a ``tool`` message holding the result, ``444``;
+  whitespace is accepted; another `sao.envs.tool_formats` format with ``tool_format``, e.g. ``qwen3_coder``);
+  the env answers with a ``tool`` message holding the result, ``444``;
 - final answer: ``answer: 444`` — a turn without a tool call is the final answer, and its **last integer**
   is the answer (so ``37*12=444`` is read as 444 too).
 
@@ -33,7 +34,8 @@ import re
 from typing import Any
 
 from .base import Message, StepResult, Task, initial_messages, message_text, register_env
-from .tools import parse_tool_calls, tool_message
+from .tool_formats import get_tool_format
+from .tools import ToolCallParse, tool_message
 
 __all__ = [
     "OPTIMAL_SCORE",
@@ -208,7 +210,11 @@ class CalculatorEnv:
     """See the module docstring. One episode at a time."""
 
     def __init__(
-        self, max_turns: int = 3, system_prompt: str | None = None, tool_schema: bool = False
+        self,
+        max_turns: int = 3,
+        system_prompt: str | None = None,
+        tool_schema: bool = False,
+        tool_format: str = "hermes",
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -217,6 +223,7 @@ class CalculatorEnv:
         # With tool_schema the prompt carries the tool's schema, rendered by the chat template, exactly as
         # for an OpenAI-SDK agent that sends ``tools=[TOOL_SCHEMA]`` through the gateway.
         self.tools = [TOOL_SCHEMA] if tool_schema else None
+        self.tool_format = get_tool_format(tool_format)  # how calls are read; ValueError naming the formats
         self._task: Task | None = None
         self._turns = 0
         self._done = True
@@ -232,8 +239,9 @@ class CalculatorEnv:
         self._turns += 1
         last_turn = self._turns >= self.max_turns
         info: dict[str, Any] = {"turn": self._turns}
-        if "<tool_call>" in assistant_text:
-            observation = self._run_tools(assistant_text, info)
+        parsed = self.tool_format.parse(assistant_text, [TOOL_SCHEMA])
+        if parsed.calls or parsed.errors:  # a tool turn, well formed or not
+            observation = self._run_tools(parsed, info)
             return self._continue_or_stop(observation, last_turn, info)
         found = _INT.findall(assistant_text)
         if not found:
@@ -255,8 +263,7 @@ class CalculatorEnv:
     async def close(self) -> None:
         self._done = True
 
-    def _run_tools(self, text: str, info: dict[str, Any]) -> list[Message]:
-        parsed = parse_tool_calls(text)
+    def _run_tools(self, parsed: ToolCallParse, info: dict[str, Any]) -> list[Message]:
         out = [tool_message(f"error: {e}"[:120]) for e in parsed.errors]
         for call in parsed.calls[:_MAX_CALLS_PER_TURN]:
             if call.name != TOOL_NAME:

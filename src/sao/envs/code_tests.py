@@ -10,7 +10,8 @@ returns a short system prompt plus the task (with the file list) as the user tur
 env's ``tools`` attribute (`CODE_TOOLS`), which the agent loop hands to the chat template (Qwen-style
 templates list them in the system turn). The model calls tools with
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (several per turn run in order; each answer is
-one ``role: tool`` message):
+one ``role: tool`` message), or in another format of `sao.envs.tool_formats` (``tool_format``, e.g.
+``qwen3_coder`` for a Qwen3-Coder template; it must match the chat template):
 
 - ``read_file {path}``: the file's text;
 - ``write_file {path, content}``: create or overwrite a file;
@@ -36,7 +37,8 @@ from typing import Any
 
 from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
 from sao.envs.sandbox import Sandbox, require_sandbox
-from sao.envs.tools import ToolCall, parse_tool_calls, tool_message
+from sao.envs.tool_formats import get_tool_format
+from sao.envs.tools import ToolCall, tool_message
 
 __all__ = ["CODE_TESTS_SYSTEM_PROMPT", "CODE_TOOLS", "DEFAULT_TEST_COMMAND", "CodeTestsEnv"]
 
@@ -81,6 +83,11 @@ NUDGE = (
 )
 
 
+def _nudge(instructions: str) -> str:
+    """The no-call nudge of a format other than hermes (`NUDGE` is hermes's): its instructions, and submit."""
+    return f"No tool call found. {instructions}\n\nCall the submit tool when you are done."
+
+
 def _file_map(value: Any, what: str, task_id: str) -> dict[str, str]:
     """``{path: content}`` from a mapping (``None`` entries, as table loaders fill them, dropped)."""
     if not isinstance(value, Mapping):
@@ -118,6 +125,7 @@ class CodeTestsEnv:
         max_output_chars: int = 4000,
         max_read_bytes: int = 65536,
         system_prompt: str | None = CODE_TESTS_SYSTEM_PROMPT,
+        tool_format: str = "hermes",
     ) -> None:
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
@@ -129,6 +137,8 @@ class CodeTestsEnv:
         self.max_read_bytes = max_read_bytes
         self.system_prompt = system_prompt
         self.tools = CODE_TOOLS  # the agent loop hands them to the chat template
+        self.tool_format = get_tool_format(tool_format)  # ValueError naming the known formats
+        self.nudge = NUDGE if tool_format == "hermes" else _nudge(self.tool_format.instructions)
         self.sandbox_mode: str = require_sandbox("code_tests")
         self._sandbox: Sandbox | None = None
         self._tests: dict[str, str] = {}
@@ -151,7 +161,7 @@ class CodeTestsEnv:
             raise RuntimeError("step() before reset()")
         self._turns += 1
         text = assistant_text if isinstance(assistant_text, str) else str(assistant_text)
-        parsed = parse_tool_calls(text)
+        parsed = self.tool_format.parse(text, self.tools)
         observation: list[Message] = [tool_message(f"error: {err}") for err in parsed.errors]
         submitted = False
         for call in parsed.calls:
@@ -163,7 +173,7 @@ class CodeTestsEnv:
         if parsed.errors:
             info["tool_errors"] = len(parsed.errors)
         if not parsed.calls and not parsed.errors:
-            observation.append({"role": "user", "content": NUDGE})
+            observation.append({"role": "user", "content": self.nudge})
         if submitted or self._turns >= self.max_turns:
             passed, output = await self._run_hidden_tests()
             info.update(submitted=submitted, max_turns=not submitted, tests_passed=passed, test_output=output)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ __all__ = [
     "ToolCallParse",
     "extract_boxed",
     "extract_python_blocks",
+    "parse_tool_call_blocks",
     "parse_tool_calls",
     "tool_message",
 ]
@@ -47,12 +49,20 @@ def parse_tool_calls(text: str) -> ToolCallParse:
 
     ``arguments`` may be an object or a string holding a JSON object (decoded); a block that is not
     JSON, has no string ``name`` or whose arguments are not an object is reported in ``errors`` and
-    skipped, and so is an unclosed ``<tool_call>``. This is the one tool-call parser: the envs answer
-    ``errors`` with an error observation, the gateway (`sao.serve.openai_api.split_tool_calls`) turns
-    ``calls`` into OpenAI ``tool_calls``."""
+    skipped, and so is an unclosed ``<tool_call>``. This is the Hermes/Qwen parser (the ``hermes`` entry of
+    `sao.envs.tool_formats`): the envs answer ``errors`` with an error observation, the gateway
+    (`sao.serve.openai_api.split_tool_calls`) turns ``calls`` into OpenAI ``tool_calls``."""
+    return parse_tool_call_blocks(text, _parse_block)
+
+
+def parse_tool_call_blocks(text: str, parse_body: Callable[[str], ToolCall | str]) -> ToolCallParse:
+    """Every ``<tool_call>BODY</tool_call>`` block of ``text``, each ``BODY`` (whitespace stripped) read by
+    ``parse_body``: a `ToolCall`, or a string saying why the block makes no call (then it is in ``errors``
+    and not in ``spans``). An opening ``<tool_call>`` left without its closing tag sets ``unclosed`` and
+    adds an error. The block scan every ``<tool_call>``-delimited format shares (`sao.envs.tool_formats`)."""
     out = ToolCallParse()
     for match in _TOOL_CALL.finditer(text):
-        call = _parse_block(match.group(1).strip())
+        call = parse_body(match.group(1).strip())
         if isinstance(call, str):
             out.errors.append(call)
         else:
@@ -71,13 +81,15 @@ def _parse_block(body: str) -> ToolCall | str:
         obj = json.loads(body)
     except json.JSONDecodeError as err:
         return f"tool call is not valid JSON ({err.msg} at column {err.colno}): {body[:200]!r}"
+    except RecursionError:  # nesting deeper than the interpreter's stack: no call, never a crash
+        return f"tool call JSON is nested too deeply: {body[:200]!r}"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return f'tool call must be an object with a string "name": {body[:200]!r}'
     args = obj.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return f'tool call "arguments" must be an object: {args[:200]!r}'
     if not isinstance(args, dict):
         return f'tool call "arguments" must be an object, got {type(args).__name__}'

@@ -6,10 +6,13 @@ Shipped templates (`SHIPPED`), all in the ChatML turn format (``<|im_start|>role
 - ``qwen3``: Qwen3's documented behaviour (``chat_templates/qwen3.jinja``): tools in the system turn, earlier
   turns' ``<think>`` stripped, consecutive tool results merged into one user turn, an empty think block
   after the generation prompt when ``enable_thinking`` is false. Not prefix-stable.
+- ``qwen3_coder``: Qwen3-Coder's behaviour (``chat_templates/qwen3_coder.jinja``): tools listed as XML in the
+  system turn, an assistant's tool calls in the XML form of the ``qwen3_coder`` tool-call format
+  (`sao.envs.tool_formats`), consecutive tool results merged into one user turn, no thinking.
 - ``hermes``: Hermes function calling (``chat_templates/hermes.jinja``): a default system prompt injected
   when the conversation has none, each tool result its own ``tool`` turn, no thinking.
 
-Both .jinja files are written for sao from the templates' documented behaviour (test fixtures of what real
+The .jinja files are written for sao from the templates' documented behaviour (test fixtures of what real
 templates do), not copies. Token-in/token-out (`sao.models.chat_delta`) only needs a template to close an
 assistant turn with ``<|im_end|>`` right after its content and to render that content verbatim.
 """
@@ -22,7 +25,7 @@ from pathlib import Path
 
 __all__ = ["SHIPPED", "bind_template_variables", "load_chat_template"]
 
-SHIPPED: frozenset[str] = frozenset({"qwen3", "hermes", "sao"})
+SHIPPED: frozenset[str] = frozenset({"qwen3", "qwen3_coder", "hermes", "sao"})
 # A binding that `bind_template_variables` wrote earlier, so binding again replaces it instead of stacking
 # (the later, inner ``set`` would win otherwise).
 _BOUND_THINKING = re.compile(r"\A\{%- set enable_thinking = (?:true|false) -%\}\n")

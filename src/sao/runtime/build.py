@@ -52,7 +52,7 @@ def build_tokenizer(args: TokenizerArgs, checkpoint: Path) -> Any:
     if not tokenizer.chat_template:
         raise ConfigError(
             f"model.chat_template: the tokenizer of {str(checkpoint)!r} has no chat template; name one "
-            "(a .jinja file, or 'qwen3', 'hermes', 'sao')"
+            "(a .jinja file, or 'qwen3', 'qwen3_coder', 'hermes', 'sao')"
         )
     if args.enable_thinking is not None:
         tokenizer.chat_template = bind_template_variables(
@@ -76,6 +76,10 @@ class EnvBuilder:
 
     def __call__(self) -> Env:
         env = make_env(self.args.name, **self.args.kwargs)
+        cap = self.args.max_turns
+        own = getattr(env, "max_turns", None)
+        if cap is not None and isinstance(own, int) and not isinstance(own, bool) and own > cap:
+            env.max_turns = cap  # type: ignore[attr-defined]  # grade on the loop's last turn
         if self.judge is None:
             return env
         from sao.envs.judged import JudgedEnv

@@ -57,7 +57,7 @@ class SFTOptions:
     device: str = "auto"
     attn_implementation: str = "sdpa"
     gradient_checkpointing: bool | None = None  # None: on with CUDA
-    chat_template: str | None = None  # a .jinja path or a template shipped with sao ("qwen3", "hermes")
+    chat_template: str | None = None  # a .jinja path or a shipped template ("qwen3", "qwen3_coder", "hermes")
     enable_thinking: bool | None = None  # bound into the chat template when not None
 
 
