@@ -168,7 +168,7 @@ docs-reference: $(VENV)/.installed
 
 # The default suite (CI): everything but the tests marked slow; `make test-slow` runs those.
 test: lint
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=15
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m slow

@@ -62,10 +62,11 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
             ("max_body_bytes", 1024),
             ("max_pending", 3),
             ("retry_after_s", 4),
+            ("tool_call_format", "qwen3_coder"),
+            ("reasoning_parser", "none"),
         ]
     },
-    # the judge's keys apply with a judge; data.max_turns reaches the env factory only through it
-    "data.max_turns": (["judge.url=http://127.0.0.1:9"], 7),
+    "data.max_turns": ([], 7),  # caps an env's own max_turns
     "judge.url": ([], "http://127.0.0.1:9"),
     **{
         f"judge.{key}": (["judge.url=http://127.0.0.1:9"], value)
@@ -279,3 +280,12 @@ def test_a_malformed_task_file_is_a_config_error_naming_the_key_file_and_line(tm
     bad.write_text("\n\n")
     with pytest.raises(ConfigError, match=r"data\.train_file: .*tasks\.jsonl has no tasks"):
         build_tasks(task_args(cfg.data))
+
+
+def test_the_loops_turn_bound_caps_an_envs_own_so_it_grades_on_the_last_turn():
+    from sao.runtime.args import EnvArgs
+    from sao.runtime.build import build_env_factory
+
+    assert build_env_factory(EnvArgs("guess_number", {"max_turns": 12}, max_turns=5))().max_turns == 5
+    assert build_env_factory(EnvArgs("guess_number", {"max_turns": 3}, max_turns=5))().max_turns == 3
+    assert build_env_factory(EnvArgs("guess_number", {"max_turns": 12}))().max_turns == 12

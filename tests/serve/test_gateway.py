@@ -120,7 +120,7 @@ def test_malformed_requests_get_4xx_and_the_server_stays_up(gateway, client):
     bad_temp = {"messages": [{"role": "user", "content": "x"}], "temperature": -1}
     assert httpx.post(f"{url}/v1/chat/completions", json=bad_temp).status_code == 400
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="sao", messages=[{"role": "user", "content": "x"}], n=2)
+        client.chat.completions.create(model="sao", messages=[{"role": "user", "content": "x"}], n=17)
     assert httpx.post(f"{url}/v1/sessions/nope/reward", json={"reward": 1}).status_code == 404
     assert httpx.post(f"{url}/v1/completions", json={"prompt": [10**9]}).status_code == 400
     ok = client.chat.completions.create(

@@ -59,6 +59,13 @@ def serve_command(
         int | None,
         typer.Option(min=2, help="Prompt + generated tokens of a request (default: the engine's limit)."),
     ] = None,
+    tool_call_format: Annotated[
+        str,
+        typer.Option(help="How the model writes tool calls: hermes, qwen3_coder (match its chat template)."),
+    ] = "hermes",
+    reasoning_parser: Annotated[
+        str, typer.Option(help="think: <think>...</think> returned as reasoning; none: all text is content.")
+    ] = "think",
 ) -> None:
     """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
     session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
@@ -67,11 +74,20 @@ def serve_command(
     import uvicorn
 
     _quiet_transformers()
+    try:
+        from sao.envs.tool_formats import get_tool_format
+        from sao.serve.reasoning import get_reasoning_parser
+
+        get_tool_format(tool_call_format)
+        get_reasoning_parser(reasoning_parser)
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+    parsing = {"tool_call_format": tool_call_format, "reasoning_parser": reasoning_parser}
     engine, tokenizer = _serving_engine(model, backend, device, dtype, max_running, attach, engine_python)
     limits = GatewayLimits(
         max_sessions, session_idle_timeout, max_body_bytes, max_pending, retry_after, max_context_tokens
     )
-    app_ = _gateway_app(engine, tokenizer, model, max_tokens, out, limits)
+    app_ = _gateway_app(engine, tokenizer, model, max_tokens, out, limits, parsing)
     typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
     uvicorn.run(app_, host=host, port=port, log_level="warning")
 
@@ -103,7 +119,13 @@ def _serving_engine(
 
 
 def _gateway_app(
-    engine: Any, tokenizer: Any, model: str, max_tokens: int, out: str | None, limits: GatewayLimits
+    engine: Any,
+    tokenizer: Any,
+    model: str,
+    max_tokens: int,
+    out: str | None,
+    limits: GatewayLimits,
+    parsing: dict[str, str],
 ) -> Any:
     """The gateway app of `sao serve`: it owns ``engine`` and closes it on shutdown."""
     from sao.serve.gateway import create_app
@@ -121,6 +143,8 @@ def _gateway_app(
         max_pending=limits.max_pending,
         retry_after_s=limits.retry_after_s,
         max_context_tokens=limits.max_context_tokens,
+        tool_call_format=parsing["tool_call_format"],
+        reasoning_parser=parsing["reasoning_parser"],
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from .section import Section
 
@@ -92,6 +92,27 @@ class GatewayConfig(Section):
         256, ge=1, description="Generation requests in flight at once; the next gets 503 with Retry-After."
     )
     retry_after_s: int = Field(1, ge=0, description="Retry-After seconds of 429 and 503 answers.")
+    tool_call_format: str = Field(
+        "hermes",
+        description="How the model writes tool calls, parsed into the API's structured tool calls: 'hermes' "
+        "(Qwen2.5/Qwen3/Hermes <tool_call>{json}</tool_call>), 'qwen3_coder' (Qwen3-Coder's XML "
+        "<function=...><parameter=...>), or another registered format (sao.envs.tool_formats). Must match "
+        "the model's chat template.",
+    )
+    reasoning_parser: Literal["think", "none"] = Field(
+        "think",
+        description="How the model's reasoning is split from its answer: 'think' (a <think>...</think> "
+        "block, Qwen3/DeepSeek-R1 style) returned as reasoning_content / thinking blocks / reasoning items; "
+        "'none': the whole text is the content. Recorded tokens are what was generated either way.",
+    )
+
+    @field_validator("tool_call_format")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        from sao.envs.tool_formats import get_tool_format
+
+        get_tool_format(value)  # ValueError listing the known formats
+        return value
 
 
 class TrainerConfig(Section):

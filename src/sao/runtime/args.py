@@ -149,9 +149,14 @@ class JudgeArgs:
 
 @dataclass(frozen=True)
 class EnvArgs:
+    """``data.env`` with its kwargs, the judge (None: none), and ``max_turns``, the agent loop's turn bound
+    (``data.max_turns``): an env with a larger ``max_turns`` of its own is capped to it, so an env that
+    grades on its last turn (swe, code_tests) grades on the loop's last turn instead of being cut ungraded."""
+
     name: str
     kwargs: dict[str, Any]
     judge: JudgeArgs | None = None
+    max_turns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -308,6 +313,8 @@ class GatewaySettings:
     max_body_bytes: int
     max_pending: int
     retry_after_s: int
+    tool_call_format: str = "hermes"  # a `sao.envs.tool_formats` name
+    reasoning_parser: str = "think"  # think | none
 
 
 @dataclass(frozen=True)

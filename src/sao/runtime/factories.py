@@ -73,7 +73,8 @@ _CLUSTER = tuple(f"cluster.{k}" for k in ("address", "num_cpus", "num_gpus", "au
     "trainer_workers", "trainer_cpus", "trainer_gpus", "engine_replicas", "engine_cpus", "engine_gpus",
     "placement_strategy", "start_timeout_s"))  # fmt: skip
 _GATEWAY = tuple(f"gateway.{k}" for k in ("host", "port", "admission", "admission_timeout_s", "max_sessions",
-    "session_idle_timeout_s", "max_body_bytes", "max_pending", "retry_after_s"))  # fmt: skip
+    "session_idle_timeout_s", "max_body_bytes", "max_pending", "retry_after_s", "tool_call_format",
+    "reasoning_parser"))  # fmt: skip
 _JUDGE = tuple(f"judge.{k}" for k in ("url", "model", "api_key_env", "system_prompt", "prompt", "score_min",
     "score_max", "combine", "temperature", "max_tokens", "timeout_s", "retries", "concurrency",
     "cache_size"))  # fmt: skip
@@ -106,8 +107,8 @@ FACTORIES: dict[str, Factory] = {
                           "turn and token limits, sampling (sao.rollout.agent_loop.AgentLoopConfig)"),
     "env": Factory(env_args, ("data", "judge"),
                    ("data.env", "data.env_kwargs", *_JUDGE, "data.max_turns"),
-                   "one fresh env per episode, wrapped by the LLM judge when judge.url is set "
-                   "(sao.runtime.build.build_env_factory)"),
+                   "one fresh env per episode (its own max_turns capped by data.max_turns), wrapped by "
+                   "the LLM judge when judge.url is set (sao.runtime.build.build_env_factory)"),
     "tasks": Factory(task_args, ("data",),
                      ("data.env", "data.env_kwargs", "data.train_file", "data.id_field", "data.prompt_field",
                       "data.answer_field", "data.tests_field", "data.seed", "data.num_tasks", "data.stream"),

@@ -148,10 +148,9 @@ def agent_loop_args(data: DataConfig, engine: EngineConfig) -> AgentLoopConfig:
 
 def env_args(data: DataConfig, judge: JudgeConfig) -> EnvArgs:
     if judge.url is None:
-        return EnvArgs(data.env, dict(data.env_kwargs))
-    return EnvArgs(
-        data.env, dict(data.env_kwargs), JudgeArgs(judge.settings(), judge.combine, data.max_turns)
-    )
+        return EnvArgs(data.env, dict(data.env_kwargs), max_turns=data.max_turns)
+    judged = JudgeArgs(judge.settings(), judge.combine, data.max_turns)
+    return EnvArgs(data.env, dict(data.env_kwargs), judged, data.max_turns)
 
 
 def task_args(data: DataConfig) -> TaskArgs:
@@ -242,7 +241,7 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
         concurrency=eval.concurrency, env=data.env, env_kwargs=dict(data.env_kwargs), limit=eval.limit,
         env_timeout_s=data.env_timeout_s,
     )  # fmt: skip
-    env = EnvArgs(data.env, dict(data.env_kwargs))
+    env = EnvArgs(data.env, dict(data.env_kwargs), max_turns=data.max_turns)
     return EvalArgs(files, env, settings, logging.eval_every, eval.at_start)
 
 
@@ -268,7 +267,7 @@ def gateway_args(
     g = gateway
     settings = GatewaySettings(
         g.host, g.port, g.admission, g.admission_timeout_s, g.max_sessions, g.session_idle_timeout_s,
-        g.max_body_bytes, g.max_pending, g.retry_after_s,
+        g.max_body_bytes, g.max_pending, g.retry_after_s, g.tool_call_format, g.reasoning_parser,
     )  # fmt: skip
     return GatewayArgs(data.source, settings, algo.group_size, rules, data.env_timeout_s, name)
 

@@ -104,6 +104,8 @@ class RunGateway:
             max_sessions=g.max_sessions, session_idle_timeout_s=g.session_idle_timeout_s,
             max_body_bytes=g.max_body_bytes, max_pending=g.max_pending, retry_after_s=g.retry_after_s,
             hooks=self.source, rules=self.args.rules, verifier=self.verifier,
+            tool_call_format=g.tool_call_format,
+            reasoning_parser=g.reasoning_parser,
         )  # fmt: skip
         sock = socket.socket(socket.AF_INET6 if ":" in g.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -6,27 +6,34 @@ message's blocks keep their order: consecutive ``text`` blocks form one ``user``
 ``tool_result`` becomes a ``tool`` message (``tool_call_id`` = ``tool_use_id``; an ``is_error`` result's
 text is prefixed ``"error: "`` unless it already starts with ``error:``, as OpenAI has no error flag). An
 assistant message's ``text`` blocks (joined) → ``content``, its ``tool_use`` blocks → ``tool_calls``
-(``arguments`` = ``json.dumps(input)``; ``content`` None when there is no text). ``tools`` → OpenAI
-function tools, ``stop_sequences`` → ``stop``; sampling fields, ``session_id`` (sao's extension, as on the
-OpenAI side), ``group_id`` and ``task_id`` are passed only when the client set them, so the
-`ChatRequest`'s ``model_fields_set`` is the client's. ``stream`` is passed on (the gateway refuses it).
+(``arguments`` = ``json.dumps(input)``; ``content`` None when there is no text), its ``thinking`` blocks
+(joined with ``"\\n"``, the signature not checked) → ``reasoning_content``: reasoning sent back or dropped,
+the reply matches what was generated either way (`sao.serve.sessions.reply_signature`). ``tools`` → OpenAI
+function tools, ``stop_sequences`` → ``stop``; sampling fields, ``seed`` and ``session_id`` (sao's
+extensions, as on the OpenAI side), ``group_id`` and ``task_id`` are passed only when the client set
+them, so the `ChatRequest`'s ``model_fields_set`` is the client's. ``stream`` is passed on (the gateway
+streams the message as Anthropic events, `sao.serve.streaming`).
 
-Responses: text, then one ``tool_use`` block per call, with the OpenAI call id as block id (an agent that
-echoes the block back produces the same ``tool_calls`` id); ``stop_reason`` ``tool_use``, ``max_tokens``
-or ``end_turn`` (a matched stop sequence is not told apart: ``stop_sequence`` is always None). sao's
-extras (``session_id``, ``prompt_token_ids``, ``token_ids``, ``versions``, per-token ``logprobs`` as
-floats, and any non-OpenAI top-level key) are passed through.
+Responses: a ``thinking`` block when the model reasoned (``reasoning_content``; its ``signature`` is a
+digest of the text, which sao does not check when it comes back), text, then one ``tool_use`` block per
+call, with the OpenAI call id as block id (an agent that echoes the block back produces the same
+``tool_calls`` id); ``stop_reason`` ``tool_use``, ``max_tokens`` or ``end_turn`` (a matched stop
+sequence is not told apart: ``stop_sequence`` is always None). sao's extras (``session_id``,
+``prompt_token_ids``, ``token_ids``, ``versions``, per-token ``logprobs`` as floats, and any non-OpenAI
+top-level key) are passed through.
 
 A session's next request repeats its history: with the session's `ConversionMemo`, only the messages its
 last request did not have are converted (the others reuse their conversion, recognised by ``==``).
 
-Not supported: streaming, images and documents, ``thinking`` blocks (refused), server tools. Ignored:
-``tool_choice`` (the model decides), ``metadata`` and unknown top-level fields. A malformed body raises
-`AnthropicRequestError` naming the path, e.g. ``messages.2.content.0: unknown content block type 'image'``.
+Not supported: images and documents, ``redacted_thinking`` blocks (sao never sends them), server tools.
+Ignored: ``tool_choice`` (the model decides), ``thinking`` (the model's template decides), ``metadata``
+and unknown top-level fields. A malformed body raises `AnthropicRequestError` naming the path, e.g.
+``messages.2.content.0: unknown content block type 'image'``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -36,14 +43,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .openai_api import ChatRequest
 
-__all__ = ["AnthropicRequestError", "ConversionMemo", "MessagesRequest", "to_chat_request",
+__all__ = ["AnthropicRequestError", "ConversionMemo", "MessagesRequest", "thinking_block", "to_chat_request",
            "to_messages_response"]  # fmt: skip
 
 # the chat.completion keys with an Anthropic counterpart (or none); any other top-level key is sao's
 _OPENAI_KEYS = frozenset(
     {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier"}
 )
-_SAMPLING = ("model", "temperature", "top_p", "top_k", "stream", "session_id", "group_id", "task_id")
+_SAMPLING = ("model", "temperature", "top_p", "top_k", "seed", "stream", "session_id", "group_id", "task_id")
 
 
 class AnthropicRequestError(ValueError):
@@ -63,6 +70,7 @@ class MessagesRequest(BaseModel):
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=1)
     stop_sequences: list[str] | None = None
+    seed: int | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
     session_id: str | None = None
@@ -89,8 +97,10 @@ def _text(blocks: Any, path: str) -> str:
 def _block_type(block: Any, path: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise AnthropicRequestError(f"{path}: expected a content block (an object with a 'type')")
-    if block["type"] in ("thinking", "redacted_thinking"):
-        raise AnthropicRequestError(f"{path}: thinking blocks are not supported by this gateway")
+    if block["type"] == "redacted_thinking":
+        raise AnthropicRequestError(
+            f"{path}: redacted_thinking blocks are not supported (sao never sends them)"
+        )
     return block["type"]
 
 
@@ -131,8 +141,8 @@ def _user(content: Any, path: str) -> list[dict[str, Any]]:
                 out.append({"role": "user", "content": "\n".join(texts)})
                 texts = []
             out.append(_tool_result(block, where))
-        elif kind == "tool_use":
-            raise AnthropicRequestError(f"{where}: a tool_use block belongs in an assistant message")
+        elif kind in ("tool_use", "thinking"):
+            raise AnthropicRequestError(f"{where}: a {kind} block belongs in an assistant message")
         else:
             raise AnthropicRequestError(f"{where}: unknown content block type {kind!r}")
     if texts:
@@ -144,12 +154,17 @@ def _assistant(content: Any, path: str) -> dict[str, Any]:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for i, block in enumerate(content):
         where = f"{path}.{i}"
         kind = _block_type(block, where)
         if kind == "text":
             texts.append(_block_text(block, where))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise AnthropicRequestError(f"{where}: a thinking block needs a string 'thinking'")
+            thoughts.append(block["thinking"])
         elif kind == "tool_use":
             call_id, name = _name(block, "id", where), _name(block, "name", where)
             args = block.get("input", {})
@@ -162,6 +177,8 @@ def _assistant(content: Any, path: str) -> dict[str, Any]:
         else:
             raise AnthropicRequestError(f"{where}: unknown content block type {kind!r}")
     message: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+    if thoughts:
+        message["reasoning_content"] = "\n".join(thoughts)
     if calls:
         message["tool_calls"] = calls
     return message
@@ -249,6 +266,12 @@ def to_chat_request(req: MessagesRequest, memo: ConversionMemo | None = None) ->
     return chat
 
 
+def thinking_block(thinking: str) -> dict[str, Any]:
+    """An Anthropic ``thinking`` block; its ``signature`` is a digest of the text (never checked)."""
+    signature = "sao-" + hashlib.sha256(thinking.encode()).hexdigest()[:32]
+    return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
 def _tool_input(arguments: str) -> dict[str, Any]:
     """An OpenAI call's ``arguments`` as an Anthropic ``input`` (a non-object is wrapped as ``arguments``)."""
     try:
@@ -263,6 +286,8 @@ def to_messages_response(chat: dict[str, Any]) -> dict[str, Any]:
     choice = chat["choices"][0]
     message = choice["message"]
     content: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        content.append(thinking_block(message["reasoning_content"]))
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     calls = message.get("tool_calls") or []

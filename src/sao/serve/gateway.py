@@ -7,44 +7,40 @@ its session (``X-Session-Id`` header, or a ``session_id`` field in the body, e.g
 
 Endpoints, one `Gateway` method each (`create_app` returns a gateway's FastAPI app): ``GET /v1/models``,
 ``POST /v1/chat/completions``, ``POST /v1/messages`` (the Anthropic Messages API on the same recorder,
-`sao.serve.anthropic_api`), ``POST /v1/completions``, ``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``,
-``GET /v1/stats``. Responses follow the OpenAI schema and add ``token_ids``, ``versions`` and per-token
-log-probs (request and response shapes: `sao.serve.openai_api`). Malformed requests get a 4xx with a reason
-and record nothing. Resources are bounded (`sao.serve.limits`, `sao.serve.registry`): open sessions (429),
-idle sessions (dropped as abandoned, never emitted), body size (413), requests in flight (503), the context
-(``max_tokens`` capped, a full prompt 400); 429 and 503 carry ``Retry-After``. A training run passes its
+`sao.serve.anthropic_api`), ``POST /v1/responses`` (the OpenAI Responses API, `sao.serve.responses_api`),
+``POST /v1/completions``, ``POST /v1/sessions/{id}/reward``, ``GET /v1/sessions``, ``GET /v1/stats``.
+Responses follow the OpenAI schema and add ``token_ids``, ``versions`` and per-token log-probs (request and
+response shapes: `sao.serve.openai_api`). ``stream: true`` is served as server-sent events after the turn
+was generated and recorded like any other (`sao.serve.streaming`); the reply's reasoning and tool calls are
+split off by the configured parsers (`sao.serve.replies`). ``n > 1`` is served for unrecorded requests
+only. Malformed requests get a 4xx with a reason and record nothing. Resources are bounded
+(`sao.serve.limits`, `sao.serve.registry`): open sessions (429), idle sessions (dropped as abandoned, never
+emitted), body size (413), requests in flight (503), the context (``max_tokens`` capped, a full prompt 400;
+`sao.serve.generation`); 429 and 503 carry ``Retry-After``. A training run passes its
 `SessionHooks` (admission under the staleness rule, the trainer's queue), `SessionRules` (token budget, turn
 limit, fixed sampling) and a verifier (`sao.serve.hooks`); the per-session logic is `sao.serve.turns`.
 
 A request that extends its session by k messages costs O(k) in conversion, checks, rendering and
-tokenizing: the open session keeps what its last request became (`MessageMemo`, `ConversionMemo` in
-``ChatSession.request_memos``) and its recorded tokens (`sao.serve.sessions`); what grows with the history
-is the JSON the client sends (parsed once), one ``==`` per earlier message, and ``prompt_token_ids`` in the
-response.
+tokenizing: the open session keeps what its last request became (`MessageMemo`, `ConversionMemo`,
+`ResponsesMemo` in ``ChatSession.request_memos``) and its recorded tokens (`sao.serve.sessions`); what grows
+with the history is the JSON the client sends (parsed once), one ``==`` per earlier message, and
+``prompt_token_ids`` in the response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
-import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Header, HTTPException
+from fastapi.responses import StreamingResponse
 
-from sao.engine.types import (
-    EngineCrashedError,
-    Generation,
-    InferenceEngine,
-    InvalidRequestError,
-    SamplingParams,
-)
-from sao.models.chat_delta import end_of_turn_token
+from sao.engine.types import InferenceEngine
 from sao.types import Trajectory
 
 from .anthropic_api import (
@@ -54,16 +50,11 @@ from .anthropic_api import (
     to_chat_request,
     to_messages_response,
 )
+from .generation import GatewayEngine
 from .hooks import RecordingHooks, SessionHooks, SessionRules, Verifier
-from .limits import (
-    BodySizeLimit,
-    GatewayLimits,
-    PendingGate,
-    add_error_handlers,
-    cap_max_tokens,
-    engine_context_limit,
-)
+from .limits import BodySizeLimit, GatewayLimits, PendingGate, add_error_handlers
 from .openai_api import (
+    ChatMessage,
     ChatRequest,
     CompletionRequest,
     MessageMemo,
@@ -72,11 +63,18 @@ from .openai_api import (
     normalize_messages,
     reward_response,
     sampling_params,
-    split_tool_calls,
     text_completion,
 )
 from .registry import SessionRegistry
-from .sessions import ChatSession
+from .replies import ReplyBuilder
+from .responses_api import (
+    ResponsesMemo,
+    ResponsesRequest,
+    ResponsesRequestError,
+    responses_to_chat,
+    to_response,
+)
+from .streaming import chat_events, message_events, response_events, sse_response
 from .turns import SessionTurns
 
 __all__ = ["Gateway", "create_app"]
@@ -103,6 +101,8 @@ def create_app(
     hooks: SessionHooks | None = None,
     rules: SessionRules | None = None,
     verifier: Verifier | None = None,
+    tool_call_format: str = "hermes",
+    reasoning_parser: str | None = "think",
 ) -> FastAPI:
     """Build the gateway app (a `Gateway`'s ``app``).
 
@@ -124,8 +124,10 @@ def create_app(
         hooks: admission and the destination of closed sessions (default: admit all, ``on_trajectory``).
         rules: what recorded sessions must respect (default: nothing beyond the limits).
         verifier: scores a session whose reward request names only a task (default: none).
+        tool_call_format: how the model writes tool calls (`sao.envs.tool_formats`: hermes, qwen3_coder).
+        reasoning_parser: how its reasoning is split off its text (`sao.serve.reasoning`; None: never).
 
-    Raises ValueError for an invalid limit.
+    Raises ValueError for an invalid limit, an unknown tool-call format or reasoning parser.
     """
     limits = GatewayLimits(
         max_sessions=max_sessions,
@@ -136,7 +138,8 @@ def create_app(
         max_context_tokens=max_context_tokens,
     )
     hooks, rules = hooks or RecordingHooks(on_trajectory), rules or SessionRules()
-    gateway = Gateway(engine, tokenizer, limits, hooks, rules, verifier, model_name=model_name,
+    reply = ReplyBuilder(tokenizer, reasoning_parser=reasoning_parser, tool_call_format=tool_call_format)
+    gateway = Gateway(engine, tokenizer, limits, hooks, rules, verifier, reply, model_name=model_name,
                       default_max_tokens=default_max_tokens, output_path=output_path,
                       own_engine=own_engine)  # fmt: skip
     return gateway.app
@@ -156,26 +159,24 @@ class Gateway:
         hooks: SessionHooks,
         rules: SessionRules,
         verifier: Verifier | None,
+        reply: ReplyBuilder,
         *,
         model_name: str,
         default_max_tokens: int,
         output_path: str | Path | None,
         own_engine: bool,
     ) -> None:
-        self.engine, self.tokenizer, self.limits, self.rules = engine, tokenizer, limits, rules
+        self.tokenizer, self.limits, self.rules = tokenizer, limits, rules
         self.model_name, self.default_max_tokens = model_name, default_max_tokens
         self.output_path = None if output_path is None else Path(output_path)
-        self.own_engine = own_engine
-        known = [c for c in (limits.max_context_tokens, engine_context_limit(engine)) if c is not None]
-        self.context = min(known) if known else None
-        self.end_of_turn, end_of_turn_id = end_of_turn_token(tokenizer)
-        self.eos = [t for t in {tokenizer.eos_token_id, end_of_turn_id} if isinstance(t, int)]
+        self.own_engine, self.reply = own_engine, reply
         self.gate = PendingGate(limits.max_pending, limits.retry_after_s)
+        self.engine = GatewayEngine(engine, tokenizer, limits, self.gate)
         self.finished: deque[Trajectory] = deque(maxlen=_KEEP_FINISHED)
         self.trajectories = 0  # emitted since the start
         self.rejected_too_large = 0  # bodies refused by max_body_bytes
         self.registry = SessionRegistry(
-            self._new_session,
+            self.engine.new_session,
             max_sessions=limits.max_sessions,
             idle_timeout_s=limits.session_idle_timeout_s,
             retry_after_s=limits.retry_after_s,
@@ -183,7 +184,7 @@ class Gateway:
             on_discard=lambda entry: self.turns.discard(entry),
         )
         self.turns = SessionTurns(
-            self.registry, self.gate, self._generate, hooks, rules, verifier, self._emit, model_name
+            self.registry, self.gate, self.engine.generate, hooks, rules, verifier, self._emit, model_name
         )
         self.app = self._build_app()
 
@@ -192,8 +193,9 @@ class Gateway:
         app.add_middleware(BodySizeLimit, max_bytes=self.limits.max_body_bytes, on_reject=self._too_large)
         add_error_handlers(app)
         app.get("/v1/models")(self.models)
-        app.post("/v1/chat/completions")(self.chat)
-        app.post("/v1/messages")(self.messages)
+        app.post("/v1/chat/completions", response_model=None)(self.chat)
+        app.post("/v1/messages", response_model=None)(self.messages)
+        app.post("/v1/responses", response_model=None)(self.responses)
         app.post("/v1/completions")(self.completions)
         app.post("/v1/sessions/{session_id}/reward")(self.reward)
         app.get("/v1/sessions")(self.list_sessions)
@@ -206,7 +208,8 @@ class Gateway:
 
     async def models(self) -> dict[str, Any]:
         """``GET /v1/models``: the one model served, with its context length."""
-        data = {"id": self.model_name, "object": "model", "owned_by": "sao", "max_model_len": self.context}
+        context = self.engine.context
+        data = {"id": self.model_name, "object": "model", "owned_by": "sao", "max_model_len": context}
         return {"object": "list", "data": [data]}
 
     async def chat(
@@ -215,10 +218,13 @@ class Gateway:
         x_session_id: str | None = Header(None),
         x_group_id: str | None = Header(None),
         x_task_id: str | None = Header(None),
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | StreamingResponse:
         """``POST /v1/chat/completions``: one turn, recorded when a session is named."""
         named = x_session_id or req.session_id
-        return await self._chat(req, named, x_group_id or req.group_id, x_task_id or req.task_id)
+        out = await self._chat(req, named, x_group_id or req.group_id, x_task_id or req.task_id)
+        if not req.stream:
+            return out
+        return sse_response(chat_events(out, bool((req.stream_options or {}).get("include_usage"))))
 
     async def messages(
         self,
@@ -226,7 +232,7 @@ class Gateway:
         x_session_id: str | None = Header(None),
         x_group_id: str | None = Header(None),
         x_task_id: str | None = Header(None),
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | StreamingResponse:
         """``POST /v1/messages``: the Anthropic Messages API, served as a chat turn."""
         named = x_session_id or req.session_id
         try:
@@ -236,10 +242,34 @@ class Gateway:
         out = await self._chat(
             chat_req, named, x_group_id or chat_req.group_id, x_task_id or chat_req.task_id
         )
-        return to_messages_response(out)
+        message = to_messages_response(out)
+        return sse_response(message_events(message)) if req.stream else message
+
+    async def responses(
+        self,
+        req: ResponsesRequest,
+        x_session_id: str | None = Header(None),
+        x_group_id: str | None = Header(None),
+        x_task_id: str | None = Header(None),
+    ) -> dict[str, Any] | StreamingResponse:
+        """``POST /v1/responses``: the OpenAI Responses API, served as a chat turn; the session keeps the
+        conversation of each response for a later ``previous_response_id``."""
+        named = x_session_id or req.session_id
+        try:
+            chat_req, conversation = responses_to_chat(req, self._memo(named, "responses", ResponsesMemo))
+        except ResponsesRequestError as err:
+            raise HTTPException(400, str(err)) from None
+        out = await self._chat(chat_req, named, x_group_id or req.group_id, x_task_id or req.task_id)
+        response = to_response(out, req)
+        memo = self._memo(named, "responses", ResponsesMemo)  # the session exists now, unless it closed
+        if memo is not None:
+            memo.keep(response["id"], [*conversation, ChatMessage(**out["choices"][0]["message"])])
+        return sse_response(response_events(response)) if req.stream else response
 
     async def completions(self, req: CompletionRequest) -> dict[str, Any]:
         """``POST /v1/completions``: a raw completion of a text or token prompt, never recorded."""
+        if req.stream or req.n != 1:
+            raise HTTPException(400, "/v1/completions serves n=1 without streaming; use /v1/chat/completions")
         params = sampling_params(req, req.max_tokens, self.default_max_tokens, [])
         prompt_ids = (
             req.prompt
@@ -247,7 +277,7 @@ class Gateway:
             else self.tokenizer(req.prompt, add_special_tokens=False)["input_ids"]
         )
         with self.gate.slot():
-            gen = await self._generate(list(prompt_ids), params)
+            gen = await self.engine.generate(list(prompt_ids), params)
         return text_completion(self.tokenizer, req.model or self.model_name, list(prompt_ids), gen)
 
     async def reward(self, session_id: str, req: RewardRequest) -> dict[str, Any]:
@@ -282,7 +312,7 @@ class Gateway:
             "limits": {
                 "max_body_bytes": self.limits.max_body_bytes,
                 "retry_after_s": self.limits.retry_after_s,
-                "max_context_tokens": self.context,
+                "max_context_tokens": self.engine.context,
                 "default_max_tokens": self.default_max_tokens,
                 "max_session_tokens": self.rules.max_session_tokens,
                 "max_turns": self.rules.max_turns,
@@ -295,49 +325,30 @@ class Gateway:
         self, req: ChatRequest, named: str | None, group_id: str | None, task_id: str | None
     ) -> dict[str, Any]:
         """Serve a chat request: recorded in session ``named``, or unrecorded when it is None."""
+        if named is not None and req.n != 1:
+            why = "a recorded session records one reply per request; n>1 is served without a session id"
+            raise HTTPException(400, f"n={req.n}: {why} (unrecorded)")
         messages = normalize_messages(req.messages, self._memo(named, "openai", MessageMemo))
         max_tokens = req.max_completion_tokens or req.max_tokens
-        with_tools = bool(req.tools)
         closed = None
         if named is None:  # unnamed requests (e.g. a judge) are served but not recorded, under no rules
-            params = sampling_params(req, max_tokens, self.default_max_tokens, self.eos)
-            prompt_ids, gen = await self._unrecorded(messages, req.tools, params)
-            message = self._reply(self.tokenizer.decode(gen.token_ids, skip_special_tokens=False), with_tools)
+            params = sampling_params(req, max_tokens, self.default_max_tokens, self.engine.eos)
+            prompt_ids, gens = await self.engine.unrecorded(messages, req.tools, params, req.n)
+            decode = self.tokenizer.decode
+            choices = [
+                (g, self.reply(decode(g.token_ids, skip_special_tokens=False), req.tools)) for g in gens
+            ]
         else:
-            params = sampling_params(req, max_tokens, self.default_max_tokens, self.eos, self.rules)
+            params = sampling_params(req, max_tokens, self.default_max_tokens, self.engine.eos, self.rules)
             result = await self.turns.chat(
                 named, messages, req.tools, params, group_id=group_id, task_id=task_id,
-                reply=lambda text: self._reply(text, with_tools),
+                reply=lambda text: self.reply(text, req.tools),
             )  # fmt: skip
-            prompt_ids, gen, message, closed = result.prompt_ids, result.gen, result.message, result.closed
-        out = chat_completion(self.tokenizer, req.model or self.model_name, named, prompt_ids, gen, message)
+            prompt_ids, choices, closed = result.prompt_ids, [(result.gen, result.message)], result.closed
+        out = chat_completion(self.tokenizer, req.model or self.model_name, named, prompt_ids, choices)
         if closed is not None:
             out["session_closed"] = closed
         return out
-
-    async def _unrecorded(
-        self, messages: list[dict[str, Any]], tools: list[Any] | None, params: SamplingParams
-    ) -> tuple[list[int], Generation]:
-        """Render ``messages`` in a throwaway session and generate: ``(prompt_ids, generation)``."""
-        session = self._new_session(f"anon-{uuid.uuid4().hex}")
-        try:
-            prompt_ids = session.plan(messages, tools).prompt_ids
-        except Exception as err:  # the template rejected the conversation: the client's input
-            raise HTTPException(400, f"cannot render messages with the chat template: {err}") from None
-        with self.gate.slot():
-            gen = await self._generate(prompt_ids, params)
-        return prompt_ids, gen
-
-    def _reply(self, text: str, with_tools: bool) -> dict[str, Any]:
-        """The assistant message of a generation: end of turn (or eos) stripped, tool calls split off when
-        tools were given."""
-        eot = self.end_of_turn
-        visible = text.removesuffix(eot).removesuffix(self.tokenizer.eos_token or eot)
-        content, tool_calls = split_tool_calls(visible) if with_tools else (visible, None)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        return message
 
     def _memo(self, named: str | None, api: str, make: Callable[[], Any]) -> Any:
         """The open session ``named``'s memo of its last request for ``api`` (None: no such session yet)."""
@@ -349,25 +360,7 @@ class Gateway:
             memos[api] = make()
         return memos[api]
 
-    async def _generate(self, prompt_ids: Sequence[int], params: SamplingParams) -> Generation:
-        """The engine's generation with ``max_new_tokens`` capped by the context; engine refusals and
-        failures as HTTP errors (400 invalid, 503 restarting with ``Retry-After``, 500 failed)."""
-        max_new = cap_max_tokens(params.max_new_tokens, len(prompt_ids), self.context)
-        try:
-            gen = await self.engine.generate(prompt_ids, dataclasses.replace(params, max_new_tokens=max_new))
-        except InvalidRequestError as err:
-            raise HTTPException(400, str(err)) from None
-        except EngineCrashedError as err:  # a supervised engine is restarting: try again shortly
-            retry = {"Retry-After": str(self.limits.retry_after_s)}
-            raise HTTPException(503, f"the engine is restarting: {err}", headers=retry) from None
-        if gen.finish_reason == "error":
-            raise HTTPException(500, f"generation failed: {gen.error}")
-        return gen
-
-    # ---- sessions and lifetime -----------------------------------------------------------------------
-
-    def _new_session(self, session_id: str) -> ChatSession:
-        return ChatSession(self.tokenizer, session_id, end_of_turn=self.end_of_turn)
+    # ---- lifetime ------------------------------------------------------------------------------------
 
     def _emit(self, trajs: list[Trajectory]) -> None:
         """Keep, count and (with ``output_path``) append the trajectories of a closed session."""
@@ -390,7 +383,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             if self.own_engine:
-                await self.engine.close()
+                await self.engine.engine.close()
 
 
 def _append_jsonl(path: Path, trajs: list[Trajectory]) -> None:

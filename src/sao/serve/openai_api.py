@@ -2,14 +2,17 @@
 send and ignore the ones sao does not use), the checks and normal form of a conversation
 (`normalize_messages`: text content parts joined, tool calls and tool results checked; with a session's
 `MessageMemo`, only the messages its last request did not have), sampling parameters from a request, and
-the response bodies sao builds (chat and text completions, a reward's summary; per-token log-probs,
-Qwen/Hermes tool calls as OpenAI ``tool_calls``, parsed by `sao.envs.tools.parse_tool_calls`)."""
+the response bodies sao builds (chat and text completions with one choice per generation, a reward's
+summary; per-token log-probs, tool calls as OpenAI ``tool_calls``, parsed by the gateway's tool-call format,
+Qwen/Hermes ``<tool_call>`` by default). An assistant message may carry ``reasoning_content`` (a string:
+the reasoning the gateway returned, sent back or not)."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -17,20 +20,26 @@ from fastapi import HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from sao.engine.types import Generation, InvalidRequestError, SamplingParams
-from sao.envs.tools import parse_tool_calls
+from sao.envs.tools import ToolCallParse, parse_tool_calls
 from sao.types import Trajectory
 
 from .hooks import SessionRules
 
-__all__ = ["ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest", "chat_completion",
-           "logprobs_content", "normalize_messages", "reward_response", "sampling_params",
+__all__ = ["MAX_CHOICES", "ChatMessage", "ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest",
+           "chat_completion", "logprobs_content", "normalize_messages", "reward_response", "sampling_params",
            "split_tool_calls", "text_completion"]  # fmt: skip
 
 
-class _Message(BaseModel):
+class ChatMessage(BaseModel):
+    """One message of a chat request, as parsed (extra keys such as ``tool_calls`` are kept)."""
+
     model_config = ConfigDict(extra="allow")
     role: str
     content: str | list[Any] | None = None
+
+
+# Choices of one unrecorded request at most (each is a generation).
+MAX_CHOICES = 16
 
 
 class _Common(BaseModel):
@@ -42,7 +51,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     session_id: str | None = None
     group_id: str | None = None  # sessions of one GRPO-style group (first request of a session)
@@ -50,9 +59,10 @@ class _Common(BaseModel):
 
 
 class ChatRequest(_Common):
-    messages: list[_Message] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[dict[str, Any]] | None = None
+    stream_options: dict[str, Any] | None = None  # {"include_usage": bool}
 
 
 class CompletionRequest(_Common):
@@ -116,11 +126,11 @@ class MessageMemo:
     parsed (a repeated message is recognised by ``==``, no conversion); ``normal``, their normal form;
     ``call_at``, the index of the first message that made each tool call id."""
 
-    sent: list[_Message] = field(default_factory=list)
+    sent: list[ChatMessage] = field(default_factory=list)
     normal: list[dict[str, Any]] = field(default_factory=list)
     call_at: dict[str, int] = field(default_factory=dict)
 
-    def known(self, messages: list[_Message]) -> int:
+    def known(self, messages: list[ChatMessage]) -> int:
         """How many leading ``messages`` equal the remembered ones."""
         n = 0
         for message, seen in zip(messages, self.sent, strict=False):
@@ -130,7 +140,7 @@ class MessageMemo:
         return n
 
     def remember(
-        self, messages: list[_Message], normal: list[dict[str, Any]], known: int, new_calls: dict[str, int]
+        self, messages: list[ChatMessage], normal: list[dict[str, Any]], known: int, new_calls: dict[str, int]
     ) -> None:
         """Replace the remembered request by ``messages`` (their first ``known`` as remembered)."""
         for i in range(known, len(self.normal)):  # the calls of the messages it no longer has
@@ -146,7 +156,7 @@ def _call_ids(message: dict[str, Any]) -> list[str]:
     return [str(c["id"]) for c in message.get("tool_calls") or () if c.get("id") is not None]
 
 
-def normalize_messages(messages: list[_Message], memo: MessageMemo | None = None) -> list[dict[str, Any]]:
+def normalize_messages(messages: list[ChatMessage], memo: MessageMemo | None = None) -> list[dict[str, Any]]:
     """The request's conversation as plain dicts: roles checked, text parts joined, assistant
     ``tool_calls`` well formed (a function name, arguments a JSON object) and every tool message's
     ``tool_call_id`` (when given) one of an earlier assistant message's calls. Raises HTTPException(400)
@@ -171,6 +181,9 @@ def normalize_messages(messages: list[_Message], memo: MessageMemo | None = None
             raise HTTPException(400, f"{where}.role: must be one of {', '.join(_ROLES)}, got {m['role']!r}")
         if "content" in m:
             m["content"] = _text(m["content"], where)
+        reasoning = m.get("reasoning_content")
+        if reasoning is not None and (m["role"] != "assistant" or not isinstance(reasoning, str)):
+            raise HTTPException(400, f"{where}.reasoning_content: only assistant messages carry it, as text")
         if m["role"] == "assistant" and m.get("tool_calls") is not None:
             m["tool_calls"] = _check_tool_calls(m["tool_calls"], where)
             for call_id in _call_ids(m):
@@ -201,10 +214,6 @@ def sampling_params(
     """The engine's sampling parameters for a request. With ``rules`` (a recorded session of a training
     run): its fixed temperature/top-p/top-k replace the ones the request omits, a different value given is
     refused (400), and ``max_tokens`` is capped by ``rules.max_tokens_per_turn``."""
-    if req.n != 1:
-        raise HTTPException(400, "only n=1 is supported")
-    if req.stream:
-        raise HTTPException(400, "streaming is not supported; send stream=false")
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     sampling = {"temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k}
     new_tokens = max_tokens or default_max_tokens
@@ -248,12 +257,15 @@ def logprobs_content(tokenizer: Any, gen: Generation) -> list[dict[str, Any]]:
     return out
 
 
-def split_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]] | None]:
-    """Qwen/Hermes ``<tool_call>{json}</tool_call>`` blocks → OpenAI ``tool_calls``, parsed by the envs'
-    parser (`sao.envs.tools.parse_tool_calls`): ``(content, tool_calls)``, the content being ``text``
-    without the blocks that became calls (stripped; None when nothing is left). A malformed block makes no
-    call and stays in the content; with no well-formed block, ``(text, None)``."""
-    parsed = parse_tool_calls(text)
+def split_tool_calls(
+    text: str, parse: Callable[[str], ToolCallParse] = parse_tool_calls
+) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """Tool calls in ``text`` → OpenAI ``tool_calls``, found by ``parse`` (a tool-call format's parser;
+    default the envs' Qwen/Hermes ``<tool_call>{json}</tool_call>`` one, `sao.envs.tools.parse_tool_calls`):
+    ``(content, tool_calls)``, the content being ``text`` without the spans that became calls (stripped;
+    None when nothing is left). A malformed block makes no call and stays in the content; with no
+    well-formed call, ``(text, None)``."""
+    parsed = parse(text)
     if not parsed.calls:
         return text, None
     kept, at = [], 0
@@ -276,29 +288,33 @@ def chat_completion(
     tokenizer: Any,
     model: str,
     session_id: str | None,
-    prompt_ids: list[int],
-    gen: Generation,
-    message: dict[str, Any],
+    prompt_ids: Sequence[int],
+    choices: Sequence[tuple[Generation, dict[str, Any]]],
 ) -> dict[str, Any]:
-    """The ``chat.completion`` body of one generation, with sao's ``session_id`` (None: not recorded),
-    ``token_ids``, ``versions`` and ``prompt_token_ids``."""
-    choice = {
-        "index": 0,
-        "message": message,
-        "finish_reason": "tool_calls" if message.get("tool_calls") else gen.finish_reason,
-        "logprobs": {"content": logprobs_content(tokenizer, gen)},
-        "token_ids": gen.token_ids,
-        "versions": gen.versions,
-    }
+    """The ``chat.completion`` body of the generations of one prompt (``choices``: each generation and its
+    assistant message), with sao's ``session_id`` (None: not recorded), ``prompt_token_ids`` and, per
+    choice, ``token_ids`` and ``versions``."""
+    out = [
+        {
+            "index": i,
+            "message": message,
+            "finish_reason": "tool_calls" if message.get("tool_calls") else gen.finish_reason,
+            "logprobs": {"content": logprobs_content(tokenizer, gen)},
+            "token_ids": gen.token_ids,
+            "versions": gen.versions,
+        }
+        for i, (gen, message) in enumerate(choices)
+    ]
+    generated = sum(len(gen.token_ids) for gen, _ in choices)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
         "session_id": session_id,
-        "choices": [choice],
+        "choices": out,
         "prompt_token_ids": prompt_ids,
-        "usage": _usage(len(prompt_ids), gen),
+        "usage": _usage(len(prompt_ids), generated),
     }
 
 
@@ -321,7 +337,7 @@ def text_completion(tokenizer: Any, model: str, prompt_ids: list[int], gen: Gene
         "model": model,
         "choices": [choice],
         "prompt_token_ids": prompt_ids,
-        "usage": _usage(len(prompt_ids), gen),
+        "usage": _usage(len(prompt_ids), len(gen.token_ids)),
     }
 
 
@@ -340,9 +356,5 @@ def reward_response(session_id: str, trajs: list[Trajectory]) -> dict[str, Any]:
     return {"session_id": session_id, "trajectories": summaries}
 
 
-def _usage(prompt: int, gen: Generation) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": len(gen.token_ids),
-        "total_tokens": prompt + len(gen.token_ids),
-    }
+def _usage(prompt: int, generated: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
