@@ -98,17 +98,25 @@ class TaskFile:
     envs: list[str]
 
 
+_SWE_FIELDS = {"id_field": "instance_id", "prompt_field": "problem_statement"}
+
+
 def load_task_file(path: str | Path, env: str | None = None, limit: int | None = None) -> TaskFile:
     """Load a task file with `sao.envs.tasks.load_tasks` and pick each task's environment (see the
-    module docstring). A file without a ``prompt`` column is read with ``problem`` as the prompt."""
+    module docstring). A file without a ``prompt`` column is read with ``problem`` as the prompt, or as
+    SWE-bench instances (``instance_id``, ``problem_statement``) for the ``swe`` env."""
     from sao.envs.tasks import TaskFileError, load_tasks
 
     try:
         tasks = load_tasks(path, limit=limit)
     except TaskFileError as err:
-        try:
-            tasks = load_tasks(path, prompt_field="problem", limit=limit)
-        except TaskFileError:
+        for fields in ({"prompt_field": "problem"}, _SWE_FIELDS):
+            try:
+                tasks = load_tasks(path, limit=limit, **fields)
+                break
+            except TaskFileError:
+                continue
+        else:
             raise err from None
     envs = [env or str(task.metadata.get("env") or DEFAULT_ENV) for task in tasks]
     return TaskFile(str(path), tasks, envs)

@@ -85,3 +85,21 @@ def test_a_verifiers_multi_turn_environment_trains_in_an_async_sao_run(tmp_path,
     )  # fmt: skip
     assert max(len(e["turns"]) for e in episodes) > 1  # the env answered guesses
     assert all(0.0 <= r["reward/mean"] <= 1.0 for r in steps)
+
+
+def test_swe_repository_tasks_train_in_an_async_sao_run_with_the_built_in_agent_loop(tmp_path):
+    """The repository env played by the built-in loop (no harness): synthetic instances from the env's
+    own generator, a sandbox per episode, graded at the loop's last turn (data.max_turns caps the env's)."""
+    steps, episodes, _ = _run(
+        tmp_path / "run", "data.env=swe", "data.num_tasks=4", "data.max_turns=2",
+        "data.max_total_tokens=4000",
+        f"data.env_kwargs={{repos_dir: {tmp_path / 'repos'}, files: 2, depth: 0, command_timeout_s: 10}}",
+        *_BPE_QWEN3,
+    )  # fmt: skip
+    assert {e["prompt_id"] for e in episodes} <= {f"synth__{f}-{i:04d}" for f in
+                                                  ("textkit", "intervals", "ledger", "inventory", "daycount",
+                                                   "gridmath") for i in range(4)}  # fmt: skip
+    # graded on the loop's last turn ("stop": the env ended it), not cut ungraded at "max_turns"
+    assert any(e["finish_reason"] == "stop" for e in episodes)
+    assert all(e["finish_reason"] in ("stop", "length") for e in episodes)
+    assert all(r["reward/mean"] == 0.0 for r in steps)  # a tiny random model resolves nothing

@@ -16,6 +16,7 @@ BUILTIN_ENV_MODULES = (
     "sao.envs.math_tir",
     "sao.envs.reasoning_gym_env",
     "sao.envs.style_shift",
+    "sao.envs.swe_env",
     "sao.envs.textarena_env",
     "sao.envs.tool_latency",
     "sao.envs.verifiers_env",
