@@ -357,6 +357,24 @@ def test_qwen3_coder_template_renders_tools_calls_and_results_as_qwen3_coder_doe
     assert CODER.parse(turn).calls == [ToolCall("bash", {"command": "cat a.py\nls", "timeout": "5"})]
 
 
+def test_tool_call_arguments_sent_as_json_text_render_through_the_qwen3_coder_template(
+    coder_tokenizer: Any,
+) -> None:
+    """What an OpenAI client sends back (``arguments`` as a JSON string) renders as the object would."""
+    from sao.models.chat_delta import render
+
+    wire = [dict(m) for m in CONVERSATION]
+    call = wire[2]["tool_calls"][0]
+    wire[2] = {**wire[2], "tool_calls": [{**call, "function": {**call["function"],
+                                                               "arguments": json.dumps(CALL_ARGS)}}]}  # fmt: skip
+    with pytest.raises(TemplateError, match="arguments as an object"):
+        coder_tokenizer.apply_chat_template(wire, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    expected = coder_tokenizer.apply_chat_template(
+        CONVERSATION, tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert render(coder_tokenizer, wire, TOOLS, add_generation_prompt=True) == expected
+
+
 def test_qwen3_coder_template_system_turn_without_tools_or_system_message(coder_tokenizer: Any) -> None:
     user = [{"role": "user", "content": "hi"}]
     render = coder_tokenizer.apply_chat_template

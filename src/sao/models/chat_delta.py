@@ -25,6 +25,7 @@ so every rendering sees them without being passed anything.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,13 +57,39 @@ def render(
     *,
     add_generation_prompt: bool,
 ) -> str:
-    """The chat template's rendering of ``messages`` as text. Whatever the template raises propagates."""
+    """The chat template's rendering of ``messages`` as text. Whatever the template raises propagates.
+
+    An assistant tool call's ``arguments`` given as a JSON string (the OpenAI wire form) reach the template
+    as the object it holds, as vLLM and SGLang pass them: templates that write arguments themselves (Qwen3-
+    Coder's XML form) need the object, and JSON templates write it back as JSON."""
     return tokenizer.apply_chat_template(
-        [dict(m) for m in messages],
+        [_template_message(m) for m in messages],
         tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+
+
+def _template_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` as the template gets it: tool-call arguments that are a JSON object's text decoded."""
+    out = dict(message)
+    calls = out.get("tool_calls")
+    if not calls or not isinstance(calls, list):
+        return out
+    decoded = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        args = fn.get("arguments") if isinstance(fn, Mapping) else None
+        if isinstance(args, str):
+            try:
+                value = json.loads(args)
+            except json.JSONDecodeError:
+                value = None
+            if isinstance(value, dict):
+                call = {**call, "function": {**fn, "arguments": value}}
+        decoded.append(call)
+    out["tool_calls"] = decoded
+    return out
 
 
 def end_of_turn_token(tokenizer: Any, end_of_turn: str | None = None) -> tuple[str, int]:
