@@ -365,8 +365,8 @@ def test_tool_call_arguments_sent_as_json_text_render_through_the_qwen3_coder_te
 
     wire = [dict(m) for m in CONVERSATION]
     call = wire[2]["tool_calls"][0]
-    wire[2] = {**wire[2], "tool_calls": [{**call, "function": {**call["function"],
-                                                               "arguments": json.dumps(CALL_ARGS)}}]}  # fmt: skip
+    as_text = {**call["function"], "arguments": json.dumps(CALL_ARGS)}
+    wire[2] = {**wire[2], "tool_calls": [{**call, "function": as_text}]}
     with pytest.raises(TemplateError, match="arguments as an object"):
         coder_tokenizer.apply_chat_template(wire, tools=TOOLS, tokenize=False, add_generation_prompt=True)
     expected = coder_tokenizer.apply_chat_template(

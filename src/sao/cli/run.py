@@ -59,13 +59,8 @@ def serve_command(
         int | None,
         typer.Option(min=2, help="Prompt + generated tokens of a request (default: the engine's limit)."),
     ] = None,
-    tool_call_format: Annotated[
-        str,
-        typer.Option(help="How the model writes tool calls: hermes, qwen3_coder (match its chat template)."),
-    ] = "hermes",
-    reasoning_parser: Annotated[
-        str, typer.Option(help="think: <think>...</think> returned as reasoning; none: all text is content.")
-    ] = "think",
+    tool_call_format: Annotated[str, typer.Option(help="Tool calls: hermes, qwen3_coder.")] = "hermes",
+    reasoning_parser: Annotated[str, typer.Option(help="think: <think> block as reasoning; none.")] = "think",
 ) -> None:
     """OpenAI-compatible gateway: chat/completions and completions with token ids and log-probs; each
     session (X-Session-Id header or session_id field) is recorded token-in/token-out as a trajectory and
@@ -74,15 +69,7 @@ def serve_command(
     import uvicorn
 
     _quiet_transformers()
-    try:
-        from sao.envs.tool_formats import get_tool_format
-        from sao.serve.reasoning import get_reasoning_parser
-
-        get_tool_format(tool_call_format)
-        get_reasoning_parser(reasoning_parser)
-    except ValueError as err:
-        raise _fail(f"error: {err}") from None
-    parsing = {"tool_call_format": tool_call_format, "reasoning_parser": reasoning_parser}
+    parsing = _reply_parsing(tool_call_format, reasoning_parser)
     engine, tokenizer = _serving_engine(model, backend, device, dtype, max_running, attach, engine_python)
     limits = GatewayLimits(
         max_sessions, session_idle_timeout, max_body_bytes, max_pending, retry_after, max_context_tokens
@@ -90,6 +77,19 @@ def serve_command(
     app_ = _gateway_app(engine, tokenizer, model, max_tokens, out, limits, parsing)
     typer.echo(f"sao gateway for {model} on http://{host}:{port}/v1 (trajectories -> {out or 'memory only'})")
     uvicorn.run(app_, host=host, port=port, log_level="warning")
+
+
+def _reply_parsing(tool_call_format: str, reasoning_parser: str) -> dict[str, str]:
+    """The gateway's reply parsing options, checked; exits 2 naming the allowed values otherwise."""
+    from sao.envs.tool_formats import get_tool_format
+    from sao.serve.reasoning import get_reasoning_parser
+
+    try:
+        get_tool_format(tool_call_format)
+        get_reasoning_parser(reasoning_parser)
+    except ValueError as err:
+        raise _fail(f"error: {err}") from None
+    return {"tool_call_format": tool_call_format, "reasoning_parser": reasoning_parser}
 
 
 def _serving_engine(
