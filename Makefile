@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: demo demo-bpe demo-gateway demo-reasoning-gym test test-slow lint format install clean test-vllm
+.PHONY: demo demo-bpe demo-gateway demo-reasoning-gym demo-swe test test-slow lint format install clean test-vllm
 
 # TRL in a virtualenv of its own, for benchmarks/vs_trl.py only (sao never imports it).
 .venv-trl:
@@ -18,7 +18,7 @@ $(BIN)/python:
 
 # Re-install whenever the project metadata changes.
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev,envs]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,envs,swe]'
 	touch $@
 
 install: sandbox-deps browser-deps $(VENV)/.installed
@@ -124,6 +124,15 @@ demo-gateway: install $(QS)/sft/config.json
 	rm -rf $(QG)/rl  # a fresh run each time
 	$(BIN)/python examples/openai_agent/demo.py --config configs/quickstart_gateway.yaml --model $(QG)/sft \
 		--run-dir $(QG)/rl --train-tasks $(QG)/train.jsonl --heldout $(QG)/heldout.jsonl
+
+# mini-swe-agent (unmodified, from PyPI) trained through the run's gateway on synthetic repository instances,
+# its commands run in sao's sandbox, rewarded by the hidden tests (docs/gateway.md#coding-agents-mini-swe-agent).
+SW ?= runs/swe_gateway
+demo-swe: install
+	$(BIN)/sao config configs/swe_gateway.yaml > /dev/null
+	rm -rf $(SW)/rl  # a fresh run each time
+	$(BIN)/python examples/swe_agent/demo.py --work-dir $(SW) --instances 16 --concurrency 4 \
+		--report $(SW)/report.json
 
 # The quickstart's warm start (the first steps of `make demo`), when demo-gateway needs it.
 $(QS)/sft/config.json: | install

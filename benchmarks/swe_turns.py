@@ -54,6 +54,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 import sao.envs.swe_env as swe_env
+import sao.envs.swe_workspace as swe_workspace
 import swe_engine
 from harness import LoadWatch, Spread, interleaved
 from sao.engine.types import Generation
@@ -212,8 +213,9 @@ class TimedSWEEnv(SWEEnv):
 
 
 def instrument() -> None:
-    """Make the env build `TimedSandbox` and time its disk-use walks (it looks both up by module name)."""
-    swe_env.Sandbox = TimedSandbox
+    """Make the env's workspace build `TimedSandbox` and time the env's disk-use walks (both are looked up
+    by module name)."""
+    swe_workspace.Sandbox = TimedSandbox
     swe_env.disk_usage_bytes = timed_disk_usage
 
 

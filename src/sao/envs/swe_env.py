@@ -6,7 +6,7 @@ Task. A row of a SWE-bench-style JSONL file loaded as a `Task` (``data.id_field:
 `sao.envs.swe_instance.instance_from_task` (``repos_dir`` resolves relative ``repo_path`` values).
 
 Episode. ``reset`` creates the episode's own `sao.envs.sandbox.Sandbox` holding the repository tree at
-``base_commit`` (`repo_files`), made a one-commit git repository inside it (`swe_grading.init_repo`: the
+``base_commit``, made a one-commit git repository inside it (`sao.envs.swe_workspace.open_workspace`: the
 model can ``git diff`` / ``git status`` / commit), and returns a system prompt and the problem statement
 with short instructions. The tools (`sao.envs.swe_tools.SWE_TOOLS`: ``bash``, ``view``, ``str_replace``,
 ``create``, ``submit``) are the env's ``tools`` attribute, which the agent loop hands to the chat template.
@@ -31,8 +31,8 @@ from typing import Any
 
 from sao.envs.base import Message, StepResult, Task, register_env
 from sao.envs.sandbox import Sandbox, require_sandbox
-from sao.envs.swe_grading import GradeResult, grade, init_repo
-from sao.envs.swe_instance import SWEInstance, instance_from_task, repo_files
+from sao.envs.swe_grading import GradeResult
+from sao.envs.swe_instance import SWEInstance, instance_from_task
 from sao.envs.swe_tools import (
     MUTATING_TOOLS,
     SWE_TOOLS,
@@ -40,6 +40,7 @@ from sao.envs.swe_tools import (
     disk_usage_bytes,
     run_tool,
 )
+from sao.envs.swe_workspace import Workspace, open_workspace
 from sao.envs.tool_formats import get_tool_format
 from sao.envs.tools import tool_message
 
@@ -57,7 +58,6 @@ INSTRUCTIONS = (
     "keep passing), then call submit."
 )
 NUDGE = "No tool call found: use the tools (bash, view, str_replace, create), and submit when you are done. "
-OUTPUT_LIMIT_BYTES = 8 << 20  # a command's output the sandbox holds (test reports of big suites fit)
 TEST_OUTPUT_TAIL_CHARS = 4000
 
 
@@ -138,24 +138,19 @@ class SWEEnv:
         self.system_prompt = system_prompt
         self.tools = SWE_TOOLS  # the agent loop hands them to the chat template
         self.sandbox_mode: str = require_sandbox("swe")
-        self._sandbox: Sandbox | None = None
+        self._workspace: Workspace | None = None
+        self._sandbox: Sandbox | None = None  # the workspace's
         self._inst: SWEInstance | None = None
-        self._base_commit = ""
         self._turns = 0
 
     async def reset(self, task: Task) -> list[Message]:
         await self.close()
         self._inst = inst = instance_from_task(task, self.repos_dir)
         self._turns = 0
-        files = await asyncio.to_thread(repo_files, inst)
-        self._sandbox = await asyncio.to_thread(
-            Sandbox,
-            files=files,
-            timeout_s=self.limits.command_timeout_s,
-            memory_mb=self.memory_mb,
-            output_limit=OUTPUT_LIMIT_BYTES,
+        self._workspace = await asyncio.to_thread(
+            open_workspace, inst, timeout_s=self.limits.command_timeout_s, memory_mb=self.memory_mb
         )
-        self._base_commit = await asyncio.to_thread(init_repo, self._sandbox)
+        self._sandbox = self._workspace.sandbox
         used = await asyncio.to_thread(disk_usage_bytes, self._sandbox.root)
         if used > self._max_disk_bytes:
             raise ValueError(
@@ -197,9 +192,9 @@ class SWEEnv:
         return StepResult(observation, info=info)
 
     async def close(self) -> None:
-        sandbox, self._sandbox = self._sandbox, None
-        if sandbox is not None:
-            await asyncio.to_thread(sandbox.close)
+        workspace, self._workspace, self._sandbox = self._workspace, None, None
+        if workspace is not None:
+            await asyncio.to_thread(workspace.close)
 
     async def _over_disk_limit(self, info: dict[str, Any]) -> bool:
         assert self._sandbox is not None
@@ -208,8 +203,8 @@ class SWEEnv:
         return used > self._max_disk_bytes
 
     def _grade(self) -> GradeResult:
-        assert self._sandbox is not None and self._inst is not None
-        return grade(self._sandbox, self._inst, self._base_commit, self.test_timeout_s)
+        assert self._workspace is not None
+        return self._workspace.grade(self.test_timeout_s)
 
 
 def _grade_info(result: GradeResult) -> dict[str, Any]:
