@@ -15,7 +15,7 @@ from sao.envs.swe_instance import SWEInstance
 from sao.envs.swe_tools import disk_usage_bytes, truncate_observation
 
 from .scripted import ScriptedEngine, play_scripted
-from .test_swe_grading import BUGGY, FIXED, make_instance, task_of
+from .swe_fixture import BUGGY, FIXED, make_instance, task_of
 
 FIX = {"path": "calc/ops.py", "old_str": "return a - b", "new_str": "return a + b"}
 

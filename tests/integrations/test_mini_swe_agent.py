@@ -22,68 +22,24 @@ from minisweagent.environments import get_environment
 from minisweagent.exceptions import Submitted
 from minisweagent.models.test_models import DeterministicModel, make_output
 from pydantic import ValidationError
+from tests.envs.swe_fixture import BUGGY, F2P, make_instance
 
 from sao.envs.sandbox import sandbox_mode
-from sao.envs.swe_instance import SWEInstance, SWEInstanceError, instance_to_row
+from sao.envs.swe_instance import SWEInstanceError, instance_to_row
 from sao.envs.swe_workspace import open_workspace
 from sao.integrations.mini_swe_agent import SUBMIT_MARKER, SandboxEnvironment, find_instance
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASS_PATH = "sao.integrations.mini_swe_agent.SandboxEnvironment"
-BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
-FIXED = BUGGY.replace("a - b", "a + b")
-OLD_TESTS = "from calc.ops import mul\n\n\ndef test_mul():\n    assert mul(2, 3) == 6\n"
-HIDDEN_TESTS = "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
-
-
-def _git(repo: Path, *args: str) -> str:
-    ident = {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    env = {**os.environ, **ident}
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
-    ).stdout
-
-
-def _diff_of(repo: Path, files: dict[str, str]) -> str:
-    for path, text in files.items():
-        (repo / path).write_text(text)
-    _git(repo, "add", "-A")
-    diff = _git(repo, "diff", "--cached")
-    _git(repo, "reset", "-q", "--hard", "HEAD")
-    return diff
 
 
 @pytest.fixture(scope="module")
 def instance_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A one-instance file: ``calc/ops.py`` whose ``add`` subtracts; hidden test ``test_add``; ``test_mul``
-    passes before and after."""
+    """A one-instance file of the shared hand-made instance (`tests.envs.swe_fixture`): ``calc/ops.py`` whose
+    ``add`` subtracts; hidden tests for ``add``; ``test_mul`` passes before and after."""
     sandbox_mode()  # the suite needs bwrap (or an opted-into mode); fails loudly otherwise
     root = tmp_path_factory.mktemp("swe")
-    repo = root / "calc-repo"
-    (repo / "calc").mkdir(parents=True)
-    (repo / "tests").mkdir()
-    (repo / "calc" / "__init__.py").write_text("")
-    (repo / "calc" / "ops.py").write_text(BUGGY)
-    (repo / "tests" / "test_ops.py").write_text(OLD_TESTS)
-    _git(repo, "init", "-q")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-q", "-m", "base")
-    inst = SWEInstance(
-        instance_id="calc__add-1",
-        repo="calc/calc",
-        base_commit=_git(repo, "rev-parse", "HEAD").strip(),
-        problem_statement="add(2, 3) returns -1 instead of 5.",
-        patch=_diff_of(repo, {"calc/ops.py": FIXED}),
-        test_patch=_diff_of(repo, {"tests/test_add.py": HIDDEN_TESTS}),
-        FAIL_TO_PASS=("tests/test_add.py::test_add",),
-        PASS_TO_PASS=("tests/test_ops.py::test_mul",),
-        repo_path=str(repo),
-    )
+    inst = make_instance(root)
     path = root / "instances.jsonl"
     path.write_text(json.dumps(instance_to_row(inst, base_dir=root)) + "\n")
     return path
@@ -103,7 +59,7 @@ def test_commands_run_in_the_instance_workspace_at_base_commit(env: SandboxEnvir
     assert out["returncode"] == 0 and out["exception_info"] == ""
     assert BUGGY in out["output"]
     assert out["output"].rstrip().endswith("1")  # one commit, nothing changed, no hidden tests yet
-    assert not (env.sandbox.root / "tests" / "test_add.py").exists()
+    assert not (env.sandbox.root / "tests" / "test_new.py").exists()
 
 
 def test_stderr_joins_the_output_and_the_exit_code_is_kept(env: SandboxEnvironment) -> None:
@@ -178,7 +134,7 @@ def test_grade_resolves_the_reference_patch_and_not_the_unchanged_repo(env: Sand
     inst = env.instance
     before = env.grade(timeout_s=120)
     assert before["resolved"] is False
-    assert before["fail_to_pass"] == {"tests/test_add.py::test_add": "FAILED"}
+    assert set(before["fail_to_pass"]) == set(F2P) and "PASSED" not in before["fail_to_pass"].values()
     assert before["pass_to_pass"] == {"tests/test_ops.py::test_mul": "PASSED"}
     env.sandbox.write_file("fix.patch", inst.patch)
     assert env.execute({"command": "git apply fix.patch && rm fix.patch"})["returncode"] == 0
