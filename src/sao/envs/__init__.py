@@ -11,7 +11,12 @@
   `reasoning_gym_sft`), `textarena_env` (`textarena_opponents`), `verifiers_env` (`verifiers_seat`,
   `verifiers_tools`, `verifiers_trace`).
 - LLM-judge rewards: `judge_client` (asking and parsing) and `judged` (`JudgedEnv`, any env graded).
-- What they share: `tools` (parsing tool calls and final answers), `verify` (math answers), and the sandbox
+- SWE-style coding tasks: `swe_instance` (the instance format), `swe_synth` (synthetic instances, over
+  `swe_synth_draw`, `swe_synth_check`, `swe_synth_render`, `swe_synth_repo`, `swe_packages`,
+  `swe_mutations` and the `swe_templates` data), `swe_workspace` (an episode's sandboxed repository),
+  `swe_tools` and `swe_grading`, played by `swe_env`.
+- What they share: `tools` and `tool_formats` (parsing tool calls in each model's format, final answers),
+  `verify` (math answers), and the sandbox
   for model-written code (`sandbox`, over `sandbox_command`, `sandbox_exec`, `sandbox_proc`,
   `sandbox_root`).
 """
