@@ -198,16 +198,19 @@ def print_report(out: dict[str, Any]) -> None:
         f"harness: {h['episodes']} episodes {h['outcomes']}; exits {h['exit_statuses']}",
         f"  {h['model_calls_mean']} model calls, {h['episode_s_mean']} s per episode"
         f" (grading {h['grade_s_mean']} s); solve rate {h['solve_rate']:.3f} of {h['graded']} graded",
-        f"sessions (run): admitted {s['admitted']} = rewarded {s['rewarded']} + truncated {s['truncated']}"
+        f"sessions (run, at the last step): admitted {s['admitted']} = rewarded {s['rewarded']}"
+        f" + truncated {s['truncated']}"
         f" + abandoned {s['abandoned']} + discarded {s['discarded']} + open {s['open']}"
         f" -> {ok[b['sessions_balanced']]}",
-        f"trajectories (run): started {b['started']} = trained {b['trained']} + dropped {b['dropped']}"
+        f"trajectories (run, at the last step): started {b['started']} = trained {b['trained']}"
+        f" + dropped {b['dropped']}"
         f" + pending {b['pending']}; {b['emitted_by_closed_sessions']} emitted by the sessions the harness"
         f" closed; every trained one from such a session, once: {'yes' if b['trained_are_closed'] else 'NO'}",
         f"trained: {t['trained']} trajectories from {t['sessions']} sessions ({t['per_session']} branches"
         f" each), {t['turns_mean']} turns per trajectory (max {t['turns_max']}), reward {t['reward_mean']}",
         f"tokens per trajectory: {k['mean']} (prompt {k['prompt_mean']}, generated {k['generated_mean']},"
-        f" observations {k['observation_mean']}); observation share {k['observation_share']:.1%}",
+        f" observations {k['observation_mean']}); not generated (prompt + observations):"
+        f" {k['observation_share']:.1%}",
     ]
     print("\n" + "\n".join(lines))
 
