@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Turn", "check_token_exact", "play_session"]
+__all__ = ["Turn", "check_token_exact", "play_session", "recording_gateway"]
 
 
 @dataclass
@@ -92,3 +92,13 @@ def check_token_exact(traj: Any, turns: list[Turn], tokenizer: Any, reward: floa
     assert traj.rollout_logprobs == lps
     assert traj.num_turns == len(turns)
     assert traj.rewards == [reward]
+
+
+def recording_gateway(engine: Any, tokenizer: Any, serve_app: Any, max_tokens: int) -> dict[str, Any]:
+    """A served gateway on ``engine`` that keeps every finished trajectory: ``{"url", "received",
+    "engine"}`` (``serve_app`` is the conftest fixture)."""
+    from sao.serve.gateway import create_app
+
+    received: list[Any] = []
+    app = create_app(engine, tokenizer, default_max_tokens=max_tokens, on_trajectory=received.append)
+    return {"url": serve_app(app), "received": received, "engine": engine}

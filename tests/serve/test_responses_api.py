@@ -13,7 +13,6 @@ import pytest
 
 from sao.engine import LocalEngine
 from sao.envs.calculator import TOOL_SCHEMA, tool_call_text
-from sao.serve.gateway import create_app
 from sao.serve.responses_api import (
     ResponsesMemo,
     ResponsesRequest,
@@ -21,6 +20,7 @@ from sao.serve.responses_api import (
     responses_to_chat,
 )
 
+from .recording import recording_gateway
 from .test_streaming import REASONED_CALL, ScriptedEngine
 
 FN = TOOL_SCHEMA["function"]
@@ -143,17 +143,13 @@ def test_the_memo_converts_only_new_items_like_a_fresh_conversion():
 @pytest.fixture(scope="module")
 def real(tiny_moe_dir, tiny_tokenizer, serve_app):
     engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=8)
-    received = []
-    url = serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=8, on_trajectory=received.append))
-    return {"url": url, "received": received}
+    return recording_gateway(engine, tiny_tokenizer, serve_app, 8)
 
 
 @pytest.fixture(scope="module")
 def scripted(tiny_tokenizer, serve_app):
     engine = ScriptedEngine(tiny_tokenizer, [REASONED_CALL, "<think>\nso 5\n</think>\n\nanswer: 5"])
-    received = []
-    url = serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=256, on_trajectory=received.append))
-    return {"url": url, "received": received, "engine": engine}
+    return recording_gateway(engine, tiny_tokenizer, serve_app, 256)
 
 
 def _client(url):

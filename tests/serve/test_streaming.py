@@ -14,8 +14,9 @@ import pytest
 from sao.engine import LocalEngine
 from sao.engine.types import Generation
 from sao.envs.calculator import TOOL_SCHEMA, tool_call_text
-from sao.serve.gateway import create_app
 from sao.serve.streaming import chat_events, text_pieces
+
+from .recording import recording_gateway
 
 TURNS = 3
 
@@ -47,17 +48,12 @@ REASONED_CALL = "<think>\nadd them up first\n</think>\n\nLet me compute. " + too
 @pytest.fixture(scope="module")
 def real(tiny_moe_dir, tiny_tokenizer, serve_app):
     engine = LocalEngine(tiny_moe_dir, device="cpu", dtype="float32", max_running=8)
-    received = []
-    url = serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=8, on_trajectory=received.append))
-    return {"url": url, "received": received}
+    return recording_gateway(engine, tiny_tokenizer, serve_app, 8)
 
 
 @pytest.fixture(scope="module")
 def scripted(tiny_tokenizer, serve_app):
-    engine = ScriptedEngine(tiny_tokenizer, [REASONED_CALL])
-    received = []
-    url = serve_app(create_app(engine, tiny_tokenizer, default_max_tokens=256, on_trajectory=received.append))
-    return {"url": url, "received": received}
+    return recording_gateway(ScriptedEngine(tiny_tokenizer, [REASONED_CALL]), tiny_tokenizer, serve_app, 256)
 
 
 def _openai(url):
