@@ -439,3 +439,20 @@ def test_code_tests_reads_calls_in_the_format_it_is_given() -> None:
         "content"
     ].startswith("error")
     assert results[2].done and results[2].reward == 1.0
+
+
+def test_submit_turn_reports_malformed_blocks_and_runs_only_the_calls_before_submit() -> None:
+    from sao.envs.tools import submit_turn
+
+    text = (
+        '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'
+        "<tool_call>not json</tool_call>"
+        '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "bash", "arguments": {"command": "rm -rf ."}}</tool_call>'
+    )
+    observation, info, calls, submitted = submit_turn(HERMES.parse(text), turn=3)
+    assert submitted and calls == [ToolCall("bash", {"command": "ls"})]
+    assert info == {"turn": 3, "tool_calls": 3, "tool_errors": 1}
+    assert [m["role"] for m in observation] == ["tool"] and observation[0]["content"].startswith("error: ")
+    observation, info, calls, submitted = submit_turn(HERMES.parse("no calls"), turn=1)
+    assert (observation, info, calls, submitted) == ([], {"turn": 1, "tool_calls": 0}, [], False)

@@ -38,7 +38,7 @@ from typing import Any
 from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
 from sao.envs.sandbox import Sandbox, require_sandbox
 from sao.envs.tool_formats import get_tool_format
-from sao.envs.tools import ToolCall, tool_message
+from sao.envs.tools import ToolCall, submit_turn, tool_message
 
 __all__ = ["CODE_TESTS_SYSTEM_PROMPT", "CODE_TOOLS", "DEFAULT_TEST_COMMAND", "CodeTestsEnv"]
 
@@ -162,16 +162,9 @@ class CodeTestsEnv:
         self._turns += 1
         text = assistant_text if isinstance(assistant_text, str) else str(assistant_text)
         parsed = self.tool_format.parse(text, self.tools)
-        observation: list[Message] = [tool_message(f"error: {err}") for err in parsed.errors]
-        submitted = False
-        for call in parsed.calls:
-            if call.name == "submit":
-                submitted = True
-                break
+        observation, info, calls, submitted = submit_turn(parsed, self._turns)
+        for call in calls:
             observation.append(tool_message(await self._call_tool(call), name=call.name))
-        info: dict[str, Any] = {"turn": self._turns, "tool_calls": len(parsed.calls)}
-        if parsed.errors:
-            info["tool_errors"] = len(parsed.errors)
         if not parsed.calls and not parsed.errors:
             observation.append({"role": "user", "content": self.nudge})
         if submitted or self._turns >= self.max_turns:

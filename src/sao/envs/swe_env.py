@@ -42,7 +42,7 @@ from sao.envs.swe_tools import (
 )
 from sao.envs.swe_workspace import Workspace, open_workspace
 from sao.envs.tool_formats import get_tool_format
-from sao.envs.tools import tool_message
+from sao.envs.tools import submit_turn, tool_message
 
 __all__ = ["SWE_SYSTEM_PROMPT", "SWEEnv"]
 
@@ -169,15 +169,8 @@ class SWEEnv:
         self._turns += 1
         text = assistant_text if isinstance(assistant_text, str) else str(assistant_text)
         parsed = self.tool_format.parse(text, self.tools)
-        observation: list[Message] = [tool_message(f"error: {err}") for err in parsed.errors]
-        info: dict[str, Any] = {"turn": self._turns, "tool_calls": len(parsed.calls)}
-        if parsed.errors:
-            info["tool_errors"] = len(parsed.errors)
-        submitted = False
-        for call in parsed.calls:
-            if call.name == "submit":
-                submitted = True
-                break
+        observation, info, calls, submitted = submit_turn(parsed, self._turns)
+        for call in calls:
             answer = await asyncio.to_thread(run_tool, self._sandbox, call, self.limits)
             observation.append(tool_message(answer, name=call.name))
             if call.name in MUTATING_TOOLS and await self._over_disk_limit(info):

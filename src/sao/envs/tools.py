@@ -18,6 +18,7 @@ __all__ = [
     "extract_python_blocks",
     "parse_tool_call_blocks",
     "parse_tool_calls",
+    "submit_turn",
     "tool_message",
 ]
 
@@ -123,3 +124,20 @@ def tool_message(content: str, name: str | None = None) -> dict[str, Any]:
     if name is not None:
         msg["name"] = name
     return msg
+
+
+def submit_turn(
+    parsed: ToolCallParse, turn: int, submit: str = "submit"
+) -> tuple[list[dict[str, Any]], dict[str, Any], list[ToolCall], bool]:
+    """The start of a turn of an env whose episode ends with a ``submit`` tool call: ``(observation,
+    info, calls, submitted)``: an ``error: ...`` tool message per malformed block, the turn's info
+    (``turn``, ``tool_calls``, ``tool_errors`` when some), the calls to run (those before the first
+    ``submit``; later ones are ignored) and whether the turn submitted."""
+    observation = [tool_message(f"error: {err}") for err in parsed.errors]
+    info: dict[str, Any] = {"turn": turn, "tool_calls": len(parsed.calls)}
+    if parsed.errors:
+        info["tool_errors"] = len(parsed.errors)
+    names = [call.name for call in parsed.calls]
+    submitted = submit in names
+    calls = parsed.calls[: names.index(submit)] if submitted else list(parsed.calls)
+    return observation, info, calls, submitted
