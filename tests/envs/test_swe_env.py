@@ -276,4 +276,4 @@ def test_episode_through_the_agent_loop(inst: SWEInstance, tiny_tokenizer) -> No
     assert "+    return a + b" in text.split("<tool_response>")[2]  # the git diff observation
     observed = [t for t, m in zip(traj.token_ids, traj.action_mask, strict=True) if m == 0]
     assert "edited calc/ops.py" in tiny_tokenizer.decode(observed)  # observations are masked out
-    assert env._sandbox is None  # closed by the loop
+    assert env._workspace is None  # closed by the loop

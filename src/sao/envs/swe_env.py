@@ -29,10 +29,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sao.envs.base import Message, StepResult, Task, register_env
-from sao.envs.sandbox import Sandbox, require_sandbox
+from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
+from sao.envs.sandbox import require_sandbox
 from sao.envs.swe_grading import GradeResult
-from sao.envs.swe_instance import SWEInstance, instance_from_task
+from sao.envs.swe_instance import instance_from_task
 from sao.envs.swe_tools import (
     MUTATING_TOOLS,
     SWE_TOOLS,
@@ -139,39 +139,33 @@ class SWEEnv:
         self.tools = SWE_TOOLS  # the agent loop hands them to the chat template
         self.sandbox_mode: str = require_sandbox("swe")
         self._workspace: Workspace | None = None
-        self._sandbox: Sandbox | None = None  # the workspace's
-        self._inst: SWEInstance | None = None
         self._turns = 0
 
     async def reset(self, task: Task) -> list[Message]:
         await self.close()
-        self._inst = inst = instance_from_task(task, self.repos_dir)
+        inst = instance_from_task(task, self.repos_dir)
         self._turns = 0
         self._workspace = await asyncio.to_thread(
             open_workspace, inst, timeout_s=self.limits.command_timeout_s, memory_mb=self.memory_mb
         )
-        self._sandbox = self._workspace.sandbox
-        used = await asyncio.to_thread(disk_usage_bytes, self._sandbox.root)
+        used = await asyncio.to_thread(disk_usage_bytes, self._workspace.sandbox.root)
         if used > self._max_disk_bytes:
             raise ValueError(
                 f"swe env: the repository of {inst.instance_id!r} alone uses {used >> 20} MiB of disk, more"
                 f" than max_disk_mb ({self.max_disk_mb})"
             )
-        messages: list[Message] = (
-            [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        )
         user_text = f"{inst.problem_statement.rstrip()}\n\n---\n{INSTRUCTIONS}"
-        return [*messages, {"role": "user", "content": user_text}]
+        return initial_messages(task, self.system_prompt, user_text)
 
     async def step(self, assistant_text: str) -> StepResult:
-        if self._sandbox is None:
+        if self._workspace is None:
             raise RuntimeError("step() before reset()")
         self._turns += 1
         text = assistant_text if isinstance(assistant_text, str) else str(assistant_text)
         parsed = self.tool_format.parse(text, self.tools)
         observation, info, calls, submitted = submit_turn(parsed, self._turns)
         for call in calls:
-            answer = await asyncio.to_thread(run_tool, self._sandbox, call, self.limits)
+            answer = await asyncio.to_thread(run_tool, self._workspace.sandbox, call, self.limits)
             observation.append(tool_message(answer, name=call.name))
             if call.name in MUTATING_TOOLS and await self._over_disk_limit(info):
                 info.update(submitted=False, max_turns=False, limit="disk", resolved=False)
@@ -185,13 +179,13 @@ class SWEEnv:
         return StepResult(observation, info=info)
 
     async def close(self) -> None:
-        workspace, self._workspace, self._sandbox = self._workspace, None, None
+        workspace, self._workspace = self._workspace, None
         if workspace is not None:
             await asyncio.to_thread(workspace.close)
 
     async def _over_disk_limit(self, info: dict[str, Any]) -> bool:
-        assert self._sandbox is not None
-        used = await asyncio.to_thread(disk_usage_bytes, self._sandbox.root)
+        assert self._workspace is not None
+        used = await asyncio.to_thread(disk_usage_bytes, self._workspace.sandbox.root)
         info["disk_mb"] = round(used / (1 << 20), 1)
         return used > self._max_disk_bytes
 

@@ -76,8 +76,10 @@ def default_repo_dir(repo: str) -> str:
 
 
 def _git(repo_path: str, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    """Run read-only git plumbing in ``repo_path`` (never in a repository above it)."""
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(repo_path).parent)}
+    """Run read-only git plumbing in ``repo_path`` (never in a repository above it, nor one an inherited
+    ``GIT_DIR`` / ``GIT_WORK_TREE`` or other ``GIT_*`` variable points at)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env["GIT_CEILING_DIRECTORIES"] = str(Path(repo_path).parent)
     return subprocess.run(
         ["git", "-C", repo_path, *args], input=stdin, capture_output=True, env=env, check=False
     )
@@ -239,7 +241,7 @@ def instance_to_row(inst: SWEInstance, base_dir: str | os.PathLike[str] | None =
     return row
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=8)  # whole trees as bytes: a real repository is tens of MB
 def _tree(repo_path: str, commit: str) -> tuple[tuple[str, bytes], ...]:
     """``(path, content)`` of every blob at ``commit``, read with git plumbing (the work tree untouched)."""
     listing = _git(repo_path, "ls-tree", "-r", "-z", "--full-tree", commit)
