@@ -41,7 +41,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .openai_api import ChatRequest
+from .openai_api import ChatRequest, common_prefix
 
 __all__ = ["AnthropicRequestError", "ConversionMemo", "MessagesRequest", "thinking_block", "to_chat_request",
            "to_messages_response"]  # fmt: skip
@@ -211,12 +211,7 @@ class ConversionMemo:
 
     def known(self, messages: list[dict[str, Any]]) -> int:
         """How many leading ``messages`` equal the remembered ones."""
-        n = 0
-        for message, seen in zip(messages, self.sent, strict=False):
-            if message != seen:
-                break
-            n += 1
-        return n
+        return common_prefix(messages, self.sent)
 
 
 def to_chat_request(req: MessagesRequest, memo: ConversionMemo | None = None) -> ChatRequest:

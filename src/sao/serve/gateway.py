@@ -239,9 +239,8 @@ class Gateway:
             chat_req = to_chat_request(req, self._memo(named, "anthropic", ConversionMemo))
         except AnthropicRequestError as err:
             raise HTTPException(400, str(err)) from None
-        out = await self._chat(
-            chat_req, named, x_group_id or chat_req.group_id, x_task_id or chat_req.task_id
-        )
+        group, task = x_group_id or chat_req.group_id, x_task_id or chat_req.task_id
+        out = await self._chat(chat_req, named, group, task, token_texts=False)
         message = to_messages_response(out)
         return sse_response(message_events(message)) if req.stream else message
 
@@ -259,7 +258,8 @@ class Gateway:
             chat_req, conversation = responses_to_chat(req, self._memo(named, "responses", ResponsesMemo))
         except ResponsesRequestError as err:
             raise HTTPException(400, str(err)) from None
-        out = await self._chat(chat_req, named, x_group_id or req.group_id, x_task_id or req.task_id)
+        group, task = x_group_id or req.group_id, x_task_id or req.task_id
+        out = await self._chat(chat_req, named, group, task, token_texts=False)
         response = to_response(out, req)
         memo = self._memo(named, "responses", ResponsesMemo)  # the session exists now, unless it closed
         if memo is not None:
@@ -322,9 +322,15 @@ class Gateway:
     # ---- a chat turn ---------------------------------------------------------------------------------
 
     async def _chat(
-        self, req: ChatRequest, named: str | None, group_id: str | None, task_id: str | None
+        self,
+        req: ChatRequest,
+        named: str | None,
+        group_id: str | None,
+        task_id: str | None,
+        token_texts: bool = True,
     ) -> dict[str, Any]:
-        """Serve a chat request: recorded in session ``named``, or unrecorded when it is None."""
+        """Serve a chat request: recorded in session ``named``, or unrecorded when it is None;
+        ``token_texts``: as `chat_completion`'s (False for the APIs that keep only the log-probs)."""
         if named is not None and req.n != 1:
             why = "a recorded session records one reply per request; n>1 is served without a session id"
             raise HTTPException(400, f"n={req.n}: {why} (unrecorded)")
@@ -345,7 +351,8 @@ class Gateway:
                 reply=lambda text: self.reply(text, req.tools),
             )  # fmt: skip
             prompt_ids, choices, closed = result.prompt_ids, [(result.gen, result.message)], result.closed
-        out = chat_completion(self.tokenizer, req.model or self.model_name, named, prompt_ids, choices)
+        model = req.model or self.model_name
+        out = chat_completion(self.tokenizer, model, named, prompt_ids, choices, token_texts)
         if closed is not None:
             out["session_closed"] = closed
         return out

@@ -26,8 +26,8 @@ from sao.types import Trajectory
 from .hooks import SessionRules
 
 __all__ = ["MAX_CHOICES", "ChatMessage", "ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest",
-           "chat_completion", "logprobs_content", "normalize_messages", "reward_response", "sampling_params",
-           "split_tool_calls", "text_completion"]  # fmt: skip
+           "chat_completion", "common_prefix", "logprobs_content", "normalize_messages", "reward_response",
+           "sampling_params", "split_tool_calls", "text_completion"]  # fmt: skip
 
 
 class ChatMessage(BaseModel):
@@ -119,6 +119,17 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def common_prefix(items: Sequence[Any], seen: Sequence[Any]) -> int:
+    """How many leading ``items`` equal ``seen``'s (the same object, or ``==``): what a session's memo of
+    its last request may reuse of the next one, which repeats the history."""
+    n = 0
+    for item, old in zip(items, seen, strict=False):
+        if item is not old and item != old:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class MessageMemo:
     """What `normalize_messages` remembers of a session's last request, so the next one (which repeats its
@@ -132,12 +143,7 @@ class MessageMemo:
 
     def known(self, messages: list[ChatMessage]) -> int:
         """How many leading ``messages`` equal the remembered ones."""
-        n = 0
-        for message, seen in zip(messages, self.sent, strict=False):
-            if message is not seen and message != seen:
-                break
-            n += 1
-        return n
+        return common_prefix(messages, self.sent)
 
     def remember(
         self, messages: list[ChatMessage], normal: list[dict[str, Any]], known: int, new_calls: dict[str, int]
@@ -290,16 +296,23 @@ def chat_completion(
     session_id: str | None,
     prompt_ids: Sequence[int],
     choices: Sequence[tuple[Generation, dict[str, Any]]],
+    token_texts: bool = True,
 ) -> dict[str, Any]:
     """The ``chat.completion`` body of the generations of one prompt (``choices``: each generation and its
     assistant message), with sao's ``session_id`` (None: not recorded), ``prompt_token_ids`` and, per
-    choice, ``token_ids`` and ``versions``."""
+    choice, ``token_ids`` and ``versions``. ``token_texts=False`` leaves each token's text out of
+    ``logprobs.content`` (only ``logprob``): for the APIs that keep only the log-probs, which saves a
+    decode per generated token."""
     out = [
         {
             "index": i,
             "message": message,
             "finish_reason": "tool_calls" if message.get("tool_calls") else gen.finish_reason,
-            "logprobs": {"content": logprobs_content(tokenizer, gen)},
+            "logprobs": {
+                "content": logprobs_content(tokenizer, gen)
+                if token_texts
+                else [{"logprob": lp} for lp in gen.logprobs]
+            },
             "token_ids": gen.token_ids,
             "versions": gen.versions,
         }

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .openai_api import ChatMessage, ChatRequest
+from .openai_api import ChatMessage, ChatRequest, common_prefix
 
 __all__ = ["KEEP_RESPONSES", "ResponsesMemo", "ResponsesRequest", "ResponsesRequestError",
            "responses_to_chat", "to_response"]  # fmt: skip
@@ -104,11 +104,7 @@ class ResponsesMemo:
     def reusable(self, items: list[Any]) -> tuple[int, int]:
         """(items, messages) of the remembered conversion ``items`` may reuse: everything before the
         conversion holding the last item equal to the remembered one."""
-        known = 0
-        for item, seen in zip(items, self.items, strict=False):
-            if item != seen:
-                break
-            known += 1
+        known = common_prefix(items, self.items)
         at = bisect.bisect_left(self.starts, (known, -1)) - 1
         return self.starts[at] if at >= 0 else (0, 0)
 
