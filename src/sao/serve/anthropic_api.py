@@ -41,15 +41,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .openai_api import ChatRequest, common_prefix
+from .openai_api import ChatRequest, common_prefix, sao_extras
 
 __all__ = ["AnthropicRequestError", "ConversionMemo", "MessagesRequest", "thinking_block", "to_chat_request",
            "to_messages_response"]  # fmt: skip
 
-# the chat.completion keys with an Anthropic counterpart (or none); any other top-level key is sao's
-_OPENAI_KEYS = frozenset(
-    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier"}
-)
 _SAMPLING = ("model", "temperature", "top_p", "top_k", "seed", "stream", "session_id", "group_id", "task_id")
 
 
@@ -313,13 +309,6 @@ def to_messages_response(chat: dict[str, Any]) -> dict[str, Any]:
             "output_tokens": usage.get("completion_tokens", 0),
         },
     }
-    for key in ("token_ids", "versions"):
-        if key in choice:
-            out[key] = choice[key]
-    logprobs = (choice.get("logprobs") or {}).get("content")
-    if logprobs is not None:
-        out["logprobs"] = [entry["logprob"] for entry in logprobs]
-    for key, value in chat.items():  # session_id, prompt_token_ids, session_closed, ...
-        if key not in _OPENAI_KEYS:
-            out.setdefault(key, value)
+    for key, value in sao_extras(chat).items():  # token ids, log-probs, session_id, ...
+        out.setdefault(key, value)
     return out

@@ -25,9 +25,10 @@ from sao.types import Trajectory
 
 from .hooks import SessionRules
 
-__all__ = ["MAX_CHOICES", "ChatMessage", "ChatRequest", "CompletionRequest", "MessageMemo", "RewardRequest",
-           "chat_completion", "common_prefix", "logprobs_content", "normalize_messages", "reward_response",
-           "sampling_params", "split_tool_calls", "text_completion"]  # fmt: skip
+__all__ = ["CHAT_KEYS", "MAX_CHOICES", "ChatMessage", "ChatRequest", "CompletionRequest", "MessageMemo",
+           "RewardRequest", "chat_completion", "common_prefix", "logprobs_content", "normalize_messages",
+           "reward_response", "sampling_params", "sao_extras", "split_tool_calls",
+           "text_completion"]  # fmt: skip
 
 
 class ChatMessage(BaseModel):
@@ -288,6 +289,25 @@ def split_tool_calls(
         for call in parsed.calls
     ]
     return content or None, calls
+
+
+# The chat.completion body's own keys; any other top-level key is sao's (session_id, prompt_token_ids, ...).
+CHAT_KEYS = frozenset(
+    {"id", "object", "created", "model", "choices", "usage", "system_fingerprint", "service_tier"}
+)
+
+
+def sao_extras(chat: dict[str, Any]) -> dict[str, Any]:
+    """What sao adds to a `chat_completion` body, for the APIs built from it (Anthropic, Responses): the
+    first choice's ``token_ids``, ``versions`` and ``logprobs`` (as floats), and every top-level key that
+    is not OpenAI's (``session_id``, ``prompt_token_ids``, ``session_closed``, ...)."""
+    choice = chat["choices"][0]
+    out = {key: choice[key] for key in ("token_ids", "versions") if key in choice}
+    logprobs = (choice.get("logprobs") or {}).get("content")
+    if logprobs is not None:
+        out["logprobs"] = [entry["logprob"] for entry in logprobs]
+    out.update({key: value for key, value in chat.items() if key not in CHAT_KEYS})
+    return out
 
 
 def chat_completion(

@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .openai_api import ChatMessage, ChatRequest, common_prefix
+from .openai_api import ChatMessage, ChatRequest, common_prefix, sao_extras
 
 __all__ = ["KEEP_RESPONSES", "ResponsesMemo", "ResponsesRequest", "ResponsesRequestError",
            "responses_to_chat", "to_response"]  # fmt: skip
@@ -58,8 +58,6 @@ __all__ = ["KEEP_RESPONSES", "ResponsesMemo", "ResponsesRequest", "ResponsesRequ
 KEEP_RESPONSES = 8
 _PASSED = ("model", "temperature", "top_p", "seed", "stream", "session_id", "group_id", "task_id")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-# chat.completion keys with a Responses counterpart (or none); any other top-level key is sao's
-_CHAT_KEYS = frozenset({"id", "object", "created", "model", "choices", "usage", "system_fingerprint"})
 
 
 class ResponsesRequestError(ValueError):
@@ -339,10 +337,7 @@ def to_response(chat: dict[str, Any], req: ResponsesRequest) -> dict[str, Any]:
             "input_tokens": used_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": used_out,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": used_in + used_out,
         },
-        "token_ids": choice.get("token_ids"), "versions": choice.get("versions"),
-        "logprobs": [entry["logprob"] for entry in (choice.get("logprobs") or {}).get("content") or ()],
     }  # fmt: skip
-    for key, value in chat.items():  # session_id, prompt_token_ids, session_closed, ...
-        if key not in _CHAT_KEYS:
-            out.setdefault(key, value)
+    for key, value in sao_extras(chat).items():  # token ids, log-probs, session_id, ...
+        out.setdefault(key, value)
     return out
