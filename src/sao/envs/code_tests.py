@@ -38,7 +38,7 @@ from typing import Any
 from sao.envs.base import Message, StepResult, Task, initial_messages, register_env
 from sao.envs.sandbox import Sandbox, require_sandbox
 from sao.envs.tool_formats import get_tool_format
-from sao.envs.tools import ToolCall, submit_turn, tool_message
+from sao.envs.tools import ToolCall, function_tool, submit_turn, tool_message
 
 __all__ = ["CODE_TESTS_SYSTEM_PROMPT", "CODE_TOOLS", "DEFAULT_TEST_COMMAND", "CodeTestsEnv"]
 
@@ -48,14 +48,7 @@ DEFAULT_TEST_COMMAND = "python -m unittest discover -s . -p 'test*.py'"
 def _tool(name: str, description: str, **params: str) -> dict[str, Any]:
     """An OpenAI/Qwen-style function schema with string parameters ``{name: description}``."""
     properties = {key: {"type": "string", "description": text} for key, text in params.items()}
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": list(params)},
-        },
-    }
+    return function_tool(name, description, properties, list(params))
 
 
 CODE_TOOLS = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["SandboxResult"]
+__all__ = ["SandboxResult", "excerpt"]
 
 
 @dataclass
@@ -48,20 +48,24 @@ class SandboxResult:
         budget = max(max_chars - (len(status) + 1 if status else 0) - len("\n[stderr]\n"), 0)
         out, err = self.stdout.rstrip("\n"), self.stderr.rstrip("\n")
         err_budget = min(len(err), max(budget // 2, budget - len(out)))
-        parts = [_excerpt(out, budget - err_budget)] if out else []
+        parts = [excerpt(out, budget - err_budget)] if out else []
         if err:
-            parts.append("[stderr]\n" + _excerpt(err, err_budget))
+            parts.append("[stderr]\n" + excerpt(err, err_budget))
         if status:
             parts.append(status)
         return ("\n".join(parts) or "(no output)")[:max_chars]
 
 
-def _excerpt(text: str, limit: int) -> str:
+def excerpt(
+    text: str, limit: int, marker: str = "\n... [{} characters omitted] ...\n", min_room: int = 20
+) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and tail around ``marker`` (its
+    ``{}`` is the number of characters cut); with less than ``min_room`` characters left beside the
+    marker, only the first ``limit``. The result has at most ``limit`` characters."""
     if len(text) <= limit:
         return text
-    marker = "\n... [{} characters omitted] ...\n"
     room = limit - len(marker.format(len(text)))
-    if room < 20:
+    if room < min_room:
         return text[: max(limit, 0)]
     head = room // 2
     tail = room - head

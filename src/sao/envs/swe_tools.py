@@ -29,7 +29,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sao.envs.sandbox import Sandbox
-from sao.envs.tools import ToolCall
+from sao.envs.sandbox_result import excerpt
+from sao.envs.tools import ToolCall, function_tool
 
 __all__ = [
     "MUTATING_TOOLS",
@@ -47,30 +48,19 @@ _SNIPPET_LINES = 4  # lines shown around an edit
 _LISTING_DEPTH = 2
 
 
-def _schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {"type": "object", "properties": properties, "required": required},
-        },
-    }
-
-
 def _text(description: str) -> dict[str, str]:
     return {"type": "string", "description": description}
 
 
 _PATH = _text("path of a file or directory, relative to the repository")
 SWE_TOOLS = [
-    _schema(
+    function_tool(
         "bash",
         "Run a shell command in the repository (no network); returns its output and exit code.",
         {"command": _text("the bash command")},
         ["command"],
     ),
-    _schema(
+    function_tool(
         "view",
         "Show a text file with line numbers, or list a directory two levels deep.",
         {
@@ -83,19 +73,19 @@ SWE_TOOLS = [
         },
         ["path"],
     ),
-    _schema(
+    function_tool(
         "str_replace",
         "Replace the exact text old_str, which must occur exactly once in the file, with new_str.",
         {"path": _PATH, "old_str": _text("the exact text to replace"), "new_str": _text("the new text")},
         ["path", "old_str", "new_str"],
     ),
-    _schema(
+    function_tool(
         "create",
         "Write a file with the given content (parent directories are made; an existing file is overwritten).",
         {"path": _PATH, "file_text": _text("the full content of the file")},
         ["path", "file_text"],
     ),
-    _schema("submit", "Finish: hidden tests then check the repository as it is.", {}, []),
+    function_tool("submit", "Finish: hidden tests then check the repository as it is.", {}, []),
 ]
 
 
@@ -125,15 +115,7 @@ class ToolLimits:
 def truncate_observation(text: str, max_chars: int, hint: str = "view a line range or grep for it") -> str:
     """``text`` if it has at most ``max_chars`` characters, else its head and tail around a note saying
     how many characters were cut and how to see them (``hint``); the result has at most ``max_chars``."""
-    if len(text) <= max_chars:
-        return text
-    note = "\n[... {} characters cut; " + hint + " ...]\n"
-    room = max_chars - len(note.format(len(text)))
-    if room < 2:
-        return text[:max_chars]
-    head = room // 2
-    tail = room - head
-    return text[:head] + note.format(len(text) - room) + text[len(text) - tail :]
+    return excerpt(text, max_chars, "\n[... {} characters cut; " + hint + " ...]\n", min_room=2)
 
 
 def run_tool(sandbox: Sandbox, call: ToolCall, limits: ToolLimits) -> str:

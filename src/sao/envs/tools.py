@@ -16,6 +16,7 @@ __all__ = [
     "ToolCallParse",
     "extract_boxed",
     "extract_python_blocks",
+    "function_tool",
     "parse_tool_call_blocks",
     "parse_tool_calls",
     "submit_turn",
@@ -116,6 +117,21 @@ def extract_boxed(text: str) -> str | None:
             if depth == 0:
                 return text[i:j].strip()
     return None
+
+
+def function_tool(
+    name: str, description: str, properties: dict[str, Any], required: list[str]
+) -> dict[str, Any]:
+    """An OpenAI/Qwen-style function schema (what an env's ``tools`` holds and chat templates render):
+    ``properties`` are the JSON-schema parameters, ``required`` the names that must be given."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
 
 
 def tool_message(content: str, name: str | None = None) -> dict[str, Any]:
