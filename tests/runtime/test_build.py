@@ -37,6 +37,8 @@ SPECIAL: dict[str, tuple[list[str], Any]] = {
     "critic.freeze": ([], "none"),
     "data.env_kwargs": ([], {"turns": 2}),
     "data.eval_file": ([], "held_out.jsonl"),
+    "eval.engine": ([], "shared"),  # auto resolves to frozen here
+    "engine.backend": ([], "vllm"),  # process would leave eval.engine's auto at frozen
     "runtime.max_staleness": (["runtime.mode=async"], 3),
     # the typed estimator and loss (their own fields: tests/algos/test_algo_knobs.py)
     "algo.advantage": ([], {"type": "spo"}),  # critic -> critic-free, with prompt priorities

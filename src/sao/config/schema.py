@@ -116,6 +116,21 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _eval_engine_fits(self) -> RunConfig:
+        from .sections import frozen_eval_supported
+
+        if self.eval.engine == "frozen" and not frozen_eval_supported(
+            self.runtime.backend, self.engine.backend
+        ):
+            raise ValueError(
+                "eval.engine='frozen' starts an evaluation engine of its own, which the local runtime does "
+                "with engine.backend 'local' or 'process' only (here "
+                f"runtime.backend={self.runtime.backend!r}, engine.backend={self.engine.backend!r}); set "
+                "eval.engine: shared"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tasks_fit_source(self) -> RunConfig:
         from sao.envs.extras import missing_library
 

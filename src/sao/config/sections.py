@@ -163,6 +163,28 @@ class EvalConfig(Section):
     at_start: bool = Field(
         True, description="Also evaluate the initial weights (step 0) of a fresh run, beside the first steps."
     )
+    engine: Literal["auto", "frozen", "shared"] = Field(
+        "auto",
+        description="Where evaluations sample. frozen: an engine of their own, loaded with the evaluated "
+        "step's weights and never pushed to while it evaluates (every evaluation on one policy version; "
+        "costs one more engine); shared: the run's engine, beside training (an intermediate evaluation "
+        "spans the versions pushed while it runs). auto: frozen with runtime.backend local and "
+        "engine.backend local or process, else shared.",
+    )
+
+    def resolved_engine(self, runtime_backend: str, engine_backend: str) -> str:
+        """``engine`` with 'auto' resolved: 'frozen' where an evaluation engine of its own can be started
+        (`frozen_eval_supported`), else 'shared'."""
+        if self.engine != "auto":
+            return self.engine
+        return "frozen" if frozen_eval_supported(runtime_backend, engine_backend) else "shared"
+
+
+def frozen_eval_supported(runtime_backend: str, engine_backend: str) -> bool:
+    """Whether the run can start an evaluation engine of its own: the local runtime with an in-process or
+    child-process engine (a second vLLM / SGLang server, or a replica outside the Ray pool, is not
+    started)."""
+    return runtime_backend == "local" and engine_backend in ("local", "process")
 
 
 class LoggingConfig(Section):

@@ -256,6 +256,7 @@ class EvalArgs:
     settings: EvalSettings
     every: int | None
     at_start: bool = False
+    engine: str = "frozen"  # eval.engine resolved: frozen | shared (`sao.runtime.eval_engine`)
 
 
 @dataclass(frozen=True)

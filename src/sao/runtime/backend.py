@@ -3,7 +3,8 @@
 
 The run loop owns everything else (prompts, sources, queue, staleness, metrics, checkpoint bookkeeping)
 and calls a backend in this order: `load_models`, `start_engine`, `pretrain_value` (maybe),
-`trainer_and_sync`, then `scorer`, `restore_weights` (on resume), `train_step` and `checkpoint_models`
+`trainer_and_sync`, `eval_engine` (with ``eval.engine=frozen``), then `scorer`, `restore_weights` (on
+resume), `train_step` and `checkpoint_models`
 (every step / checkpoint), and `close`. The blocking methods (`pretrain_value`, `train_step`) run in the
 run's trainer thread, with ``trainer_threads`` intra-op torch threads.
 """
@@ -53,6 +54,12 @@ class Backend(Protocol):
 
     async def start_engine(self, dirs: ModelDirs, tokenizer: Any, hooks: EngineHooks) -> Any:
         """Start the (supervised) rollout engine, or the pool of replicas; returns it."""
+
+    def eval_engine(
+        self, dirs: ModelDirs, tokenizer: Any, concurrency: int, version: Callable[[], int]
+    ) -> Any:
+        """The `sao.runtime.eval_engine.FrozenEvalEngine` of ``eval.engine=frozen`` (weights of the clock's
+        ``version()``); only where the config allows it (`sao.config.sections.frozen_eval_supported`)."""
 
     def pretrain_value(self, corpus: list[Any], options: Any, console: Console) -> Any:
         """Value pretraining of the critic on ``corpus`` (blocking); its `ValuePretrainResult`."""

@@ -1,12 +1,13 @@
-"""Evaluation during training: Pass@1 over ``eval.k`` samples on held-out task files, on the run's engine.
+"""Evaluation during training: Pass@1 over ``eval.k`` samples on held-out task files.
 
 Every ``logging.eval_every`` steps, once at the end, and with ``eval.at_start`` on the initial weights of a
-fresh run (step 0), the evaluator starts an evaluation of
-``data.eval_file`` with the weights the engine has then, as an asyncio task beside the producer: training
-and generation go on while it runs, its episodes are neither trained on nor counted as produced, and the
-engine interleaves them with training episodes. An intermediate evaluation therefore samples from the
-policy versions the engine holds while it runs (``eval/policy_version_start`` … ``_end`` are logged); the
-final one runs after the producer stopped, on the final weights alone.
+fresh run (step 0), the evaluator starts an evaluation of ``data.eval_file`` on the weights of that step,
+as an asyncio task beside the producer: training and generation go on while it runs, and its episodes are
+neither trained on nor counted as produced. Where it samples is its `sao.runtime.eval_engine.EvalEngine`
+(``eval.engine``): an engine of its own holding exactly that step's weights (``frozen``: every evaluation
+on one version), or the run's engine, interleaved with training episodes (``shared``: an intermediate
+evaluation spans the versions pushed while it runs). ``eval/policy_version_start`` and ``_end`` are logged
+either way.
 
 Results go to the metric sinks at the step they measure (``eval/pass@1``, ``eval/pass@k``,
 ``eval/mean_reward``, ``eval/errors``, and per task file ``eval/<file stem>/pass@1``), and the full report
@@ -29,6 +30,7 @@ from sao.sinks import MultiSink
 
 from .args import EvalArgs
 from .clock import TrainingClock
+from .eval_engine import EvalEngine
 
 __all__ = ["TrainingEvaluator", "eval_metrics", "load_eval_files"]
 
@@ -69,7 +71,7 @@ class TrainingEvaluator:
         self,
         args: EvalArgs,
         files: list[TaskFile],
-        engine: Any,
+        engine: EvalEngine,
         tokenizer: Any,
         env_factory: Callable[[], Any],
         sinks: MultiSink,
@@ -81,6 +83,7 @@ class TrainingEvaluator:
         self.out_dir = Path(run_dir) / "eval"
         self.files = files
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._held: dict[int, Any] = {}  # what each launched evaluation needs of its step (its weights)
 
     @property
     def enabled(self) -> bool:
@@ -111,11 +114,16 @@ class TrainingEvaluator:
         for task in self._tasks.values():
             task.cancel()
 
+    async def close(self) -> None:
+        """Stop the evaluations' own engine (after `cancel` and `wait`)."""
+        self._held.clear()
+        await self.engine.close()
+
     def _launch(self, step: int) -> None:
+        self._held[step] = self.engine.hold()  # now, between training steps: exactly this step's weights
         self._tasks[step] = asyncio.create_task(self._evaluate(step))
 
     async def _evaluate(self, step: int) -> None:
-        start = self.clock.get_version()
         progress = self.clock.progress()
 
         def make_env() -> Any:  # an env that follows training sees where it stood when this evaluation began
@@ -123,10 +131,11 @@ class TrainingEvaluator:
             notify_training_progress(env, progress)
             return env
 
+        def run(engine: Any) -> Any:
+            return evaluate(engine, self.tokenizer, self.files, self.args.settings, env_factory=make_env)
+
         try:
-            report = await evaluate(
-                self.engine, self.tokenizer, self.files, self.args.settings, env_factory=make_env
-            )
+            report, start, end = await self.engine.run(self._held.pop(step), run)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # an evaluation that breaks is reported; training goes on
@@ -135,7 +144,7 @@ class TrainingEvaluator:
             return
         metrics = eval_metrics(report)
         metrics["eval/policy_version_start"] = float(start)
-        metrics["eval/policy_version_end"] = float(self.clock.get_version())
+        metrics["eval/policy_version_end"] = float(end)
         report["step"] = step
         write_report(report, self.out_dir / f"step_{step:08d}.json")
         self.sinks.log(step, metrics, always=True)

@@ -232,7 +232,9 @@ def inspect_args(logging: LoggingConfig, algo: AlgoConfig, trainer: TrainerConfi
                        trainer.seed, meta)  # fmt: skip
 
 
-def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig) -> EvalArgs:
+def eval_args(
+    data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine: EngineConfig, runtime: RuntimeConfig
+) -> EvalArgs:
     files = data.eval_file or ()
     files = (files,) if isinstance(files, str) else tuple(files)
     settings = EvalSettings(
@@ -242,7 +244,8 @@ def eval_args(data: DataConfig, eval: EvalConfig, logging: LoggingConfig, engine
         env_timeout_s=data.env_timeout_s,
     )  # fmt: skip
     env = EnvArgs(data.env, dict(data.env_kwargs), max_turns=data.max_turns)
-    return EvalArgs(files, env, settings, logging.eval_every, eval.at_start)
+    where = eval.resolved_engine(runtime.backend, engine.backend)
+    return EvalArgs(files, env, settings, logging.eval_every, eval.at_start, where)
 
 
 def cluster_args(cluster: ClusterConfig, runtime: RuntimeConfig) -> ClusterArgs:

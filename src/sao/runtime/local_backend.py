@@ -23,6 +23,7 @@ from .backend import EngineHooks, ModelDirs
 from .build import build_trainer
 from .engine_guard import SupervisedEngine
 from .engines import start_engine
+from .eval_engine import FrozenEvalEngine
 from .threads import plan_threads
 from .weight_sync import InprocSync, WeightSync, push_dtype
 
@@ -80,6 +81,20 @@ class LocalBackend:
             engine, start, weights, max_restarts=args.max_restarts, on_failed=hooks.on_failed
         )
         return self.engine
+
+    def eval_engine(
+        self, dirs: ModelDirs, tokenizer: Any, concurrency: int, version: Callable[[], int]
+    ) -> Any:
+        """A `FrozenEvalEngine`: an engine like the run's (``concurrency`` episodes at once), started on the
+        first evaluation, loaded with a copy of the actor's weights of the evaluated step."""
+        args = dataclasses.replace(self.engine_args, threads=self.threads.engine, max_concurrent=concurrency)
+        dtype = push_dtype(args.backend, args.dtype, args.device)
+
+        def snapshot() -> dict[str, Any]:  # a copy: the trainer goes on changing its own weights
+            return {k: v.detach().to(dtype or v.dtype, copy=True) for k, v in self.actor.state_dict().items()}
+
+        return FrozenEvalEngine(functools.partial(start_engine, args, dirs.actor, dirs.base, tokenizer),
+                                snapshot, version)  # fmt: skip
 
     def pretrain_value(self, corpus: list[Any], options: Any, console: Console) -> Any:
         from sao.train.value_pretrain import pretrain_value

@@ -179,6 +179,13 @@ class RayBackend:
         assert self.parts is not None, "start_engine first"
         return self.parts.group
 
+    def eval_engine(
+        self, dirs: ModelDirs, tokenizer: Any, concurrency: int, version: Callable[[], int]
+    ) -> Any:
+        """Not here: the config refuses ``eval.engine=frozen`` with this runtime (evaluations share the
+        pool)."""
+        raise ConfigError("eval.engine='frozen' needs runtime.backend=local; set eval.engine: shared")
+
     def pretrain_value(self, corpus: list[Any], options: Any, console: Console) -> Any:
         """Every rank trains on the whole corpus: the single-process update."""
         return self.group.pretrain_value(corpus, options)

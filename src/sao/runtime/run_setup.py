@@ -27,6 +27,7 @@ from .args import GatewayArgs, ModelArgs, RunLogArgs, SamplerArgs
 from .backend import Backend, EngineHooks, ModelDirs
 from .build import EnvBuilder, assemble, build_env_factory, build_stream, build_tasks, build_tokenizer
 from .clock import TrainingClock
+from .eval_engine import EvalEngine, SharedEvalEngine
 from .evaluation import TrainingEvaluator, load_eval_files
 from .gateway_run import RunGateway, make_verifier
 from .gateway_source import GatewaySource
@@ -213,6 +214,7 @@ class RunSetup:
         self.sinks: Any = None
         self.progress: TrainingProgress | None = None
         self.evaluator: TrainingEvaluator | None = None
+        self.dirs: Any = None  # the run's `ModelDirs`, from `start`
         self.books: Books | None = None
         self.inspector: TrajectoryInspector | None = None
         self.observers: list[StepObserver] = []
@@ -225,7 +227,7 @@ class RunSetup:
         self.env_factory = build_env_factory(p.env)
         self.eval_files = load_eval_files(p.evaluator)
         self.loaded = self.ckpts.load() if self.resume and self.ckpts.latest() is not None else None
-        dirs = model_dirs(p.actor, self.loaded, self.run_dir)
+        dirs = self.dirs = model_dirs(p.actor, self.loaded, self.run_dir)
         self.tokenizer = build_tokenizer(p.tokenizer, dirs.base)
         self.backend.load_models(dirs)
         self.tasks = build_tasks(p.tasks)
@@ -299,7 +301,7 @@ class RunSetup:
             p.loop.total_steps, console=self.console, start_step=self.trainer.step
         )
         self.evaluator = TrainingEvaluator(
-            p.evaluator, self.eval_files, self.engine, self.tokenizer, self.env_factory, self.sinks,
+            p.evaluator, self.eval_files, self._eval_engine(), self.tokenizer, self.env_factory, self.sinks,
             self.run_dir, self.clock,
         )  # fmt: skip
         self.books = Books(self.staleness, self.sources, self.queue, self.engine)
@@ -318,6 +320,16 @@ class RunSetup:
             Checkpoints(self._save_checkpoint, p.checkpoints.every, p.loop.total_steps),
         ]
         self.observers = [o for o in in_order if o is not None]
+
+    def _eval_engine(self) -> EvalEngine:
+        """Where evaluations sample (``eval.engine``, `sao.runtime.eval_engine`)."""
+        args = self.parts.evaluator
+        if args.engine == "frozen" and self.eval_files:
+            concurrency = args.settings.concurrency
+            return self.backend.eval_engine(
+                self.dirs, self.tokenizer, concurrency, lambda: self.clock.version
+            )
+        return SharedEvalEngine(self.engine, self.clock.get_version)
 
     async def _serve_gateway(self) -> None:
         assert self.gateway_source is not None and self.env_factory is not None
@@ -352,7 +364,11 @@ class RunSetup:
     async def _close_engine(self) -> None:
         if self.gateway is not None:  # first: no request may reach a closing engine
             await self.gateway.close()
-        await self.backend.close()
+        try:
+            if self.evaluator is not None:
+                await self.evaluator.close()
+        finally:
+            await self.backend.close()
 
 
 def make_backend(parts: RunParts, console: Console) -> Backend:
