@@ -145,10 +145,13 @@ $(QS)/sft/config.json: | install
 # (`sao sweep`: finished runs are skipped, interrupted ones resumed; each writes its report under
 # docs/results/). Hours on 2 cores: `make experiments EXPERIMENTS=c3_k_critic` runs one.
 EXP ?= runs/experiments
-EXPERIMENTS ?= c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
+# Round two (experiments/README.md): EXPERIMENTS="$(ROUND2)" runs only its specs.
+ROUND1 = c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
 	c6_step_gae c2_staleness c7_style_shift
+ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness
+EXPERIMENTS ?= $(ROUND1) $(ROUND2)
 .PHONY: experiments experiments-prep
-experiments-prep: install $(QS)/sft/config.json $(EXP)/style/sft/config.json
+experiments-prep: install $(QS)/sft/config.json $(EXP)/style/support.json $(EXP)/rg/sft/config.json
 
 experiments: experiments-prep
 	for e in $(EXPERIMENTS); do $(BIN)/sao sweep experiments/$$e.yaml || exit 1; done
@@ -159,6 +162,24 @@ $(EXP)/style/sft/config.json: | install
 	$(BIN)/python examples/make_style_chats.py --n 4000 --out $(EXP)/style/chats.jsonl
 	$(BIN)/sao sft --model $(EXP)/style/base --data $(EXP)/style/chats.jsonl --out $(EXP)/style/sft --steps 600 \
 		--lr 3e-3 --batch-size 32 --eval-every 200
+
+# Round two's C7 runs only on a warm start that samples every style (fails the prep otherwise).
+$(EXP)/style/support.json: $(EXP)/style/sft/config.json
+	$(BIN)/python experiments/style_support.py --model $(EXP)/style/sft --out $(EXP)/style/support.json
+
+# Round two's "stream" testbed (experiments/base/rg_stream.yaml): the reasoning-gym demo's recipe on wider
+# families (2-digit operands, up to 4 terms, up to 3 animals).
+RG_KW = {"chain_sum": {"config": {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 1}}, \
+	"basic_arithmetic": {"config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, \
+	"operators": ["+", "-"], "allow_parentheses": false, "allow_negation": false}}, \
+	"leg_counting": {"config": {"min_animals": 1, "max_animals": 3, "max_instances": 3}}}
+$(EXP)/rg/sft/config.json: | install
+	$(BIN)/sao init-model --arch qwen3_moe --size small --tokenizer bpe --chat-template qwen3 --out $(EXP)/rg/base
+	$(BIN)/python -m sao.envs.reasoning_gym_sft --datasets chain_sum,basic_arithmetic,leg_counting \
+		--config '$(RG_KW)' --system-prompt simple --n 4000 --seed 0 --direct-frac 0.35 --direct-wrong-frac 0.5 \
+		--out $(EXP)/rg/chats.jsonl
+	$(BIN)/sao sft --model $(EXP)/rg/base --data $(EXP)/rg/chats.jsonl --out $(EXP)/rg/sft --steps 800 --lr 3e-3 \
+		--batch-size 32 --eval-every 200
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples

@@ -57,6 +57,9 @@ def batch_metrics(batch: Batch, policy_version: int) -> dict[str, float]:
         "batch/turns_mean": float(_turns_per_trajectory(batch).float().mean()),
         "lag/token_mean": float(lag.mean()) if lag.numel() else 0.0,
         "lag/token_max": float(lag.max()) if lag.numel() else 0.0,
+        # the realised lag distribution over the batch's action tokens (versions behind the trainer)
+        "lag/token_p50": float(lag.quantile(0.5)) if lag.numel() else 0.0,
+        "lag/token_p90": float(lag.quantile(0.9)) if lag.numel() else 0.0,
         "lag/version_span_mean": float(span.mean()),
         "lag/version_span_max": float(span.max()),
     }
