@@ -128,3 +128,21 @@ def test_evaluations_of_a_shifting_env_see_the_progress_at_their_start(tmp_path)
         report = json.loads((run / "eval" / f"step_{step:08d}.json").read_text())
         infos = [s["info"] for t in report["tasks"] for s in t["samples"]]
         assert infos and all(i["clock"] == "training" and i["style"] == style for i in infos), (step, infos)
+
+
+def test_a_resumed_run_evaluates_its_checkpoint_step_when_that_evaluation_was_cut_short(tmp_path):
+    from sao.envs import make_env_tasks, save_tasks_jsonl
+
+    held_out = tmp_path / "held_out.jsonl"
+    save_tasks_jsonl(held_out, make_env_tasks("calculator", 2, seed=99))
+    run = tmp_path / "run"
+    base = [*_OVERRIDES, f"logging.run_dir={run}", "critic.pretrain.enabled=false", f"data.eval_file={held_out}",
+            "logging.eval_every=2", "logging.checkpoint_every=2", "eval.at_start=false", "eval.k=1"]  # fmt: skip
+    train_sync_entry(load_config(None, [*base, "trainer.total_steps=2"]))
+    report = run / "eval" / "step_00000002.json"
+    report.unlink()  # as if the run had been killed while it evaluated step 2
+    train_sync_entry(load_config(None, [*base, "trainer.total_steps=3"]), resume=True)
+    assert json.loads(report.read_text())["step"] == 2
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    again = [r for r in records if r["step"] == 2 and "eval/pass@1" in r][-1]
+    assert again["eval/policy_version_start"] == again["eval/policy_version_end"] == 2.0

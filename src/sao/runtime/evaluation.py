@@ -90,9 +90,20 @@ class TrainingEvaluator:
         return bool(self.files)
 
     def on_start(self) -> None:
-        """Evaluate the initial weights of a fresh run (``eval.at_start``), beside the first steps."""
-        if self.enabled and self.args.at_start and self.clock.step == 0:
-            self._launch(0)
+        """Evaluate the initial weights of a fresh run (``eval.at_start``), beside the first steps; a run
+        resumed from a checkpoint of an evaluation step whose report is missing (the run was interrupted
+        while it evaluated) evaluates those weights, which it has again, now."""
+        if not self.enabled:
+            return
+        step, every = self.clock.step, self.args.every
+        if step == 0:
+            if self.args.at_start:
+                self._launch(0)
+        elif every is not None and step % every == 0 and not self._report_path(step).exists():
+            self._launch(step)
+
+    def _report_path(self, step: int) -> Path:
+        return self.out_dir / f"step_{step:08d}.json"
 
     def on_step(self, step: int) -> None:
         """Start an evaluation of ``step``'s weights when ``logging.eval_every`` says so."""
@@ -146,5 +157,5 @@ class TrainingEvaluator:
         metrics["eval/policy_version_start"] = float(start)
         metrics["eval/policy_version_end"] = float(end)
         report["step"] = step
-        write_report(report, self.out_dir / f"step_{step:08d}.json")
+        write_report(report, self._report_path(step))
         self.sinks.log(step, metrics, always=True)
