@@ -136,8 +136,9 @@ def test_a_resumed_run_evaluates_its_checkpoint_step_when_that_evaluation_was_cu
     held_out = tmp_path / "held_out.jsonl"
     save_tasks_jsonl(held_out, make_env_tasks("calculator", 2, seed=99))
     run = tmp_path / "run"
-    base = [*_OVERRIDES, f"logging.run_dir={run}", "critic.pretrain.enabled=false", f"data.eval_file={held_out}",
-            "logging.eval_every=2", "logging.checkpoint_every=2", "eval.at_start=false", "eval.k=1"]  # fmt: skip
+    base = [*_OVERRIDES, f"logging.run_dir={run}", "critic.pretrain.enabled=false",
+            f"data.eval_file={held_out}", "logging.eval_every=2", "logging.checkpoint_every=2",
+            "eval.at_start=false", "eval.k=1"]  # fmt: skip
     train_sync_entry(load_config(None, [*base, "trainer.total_steps=2"]))
     report = run / "eval" / "step_00000002.json"
     report.unlink()  # as if the run had been killed while it evaluated step 2

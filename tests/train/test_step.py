@@ -104,7 +104,8 @@ def test_every_preset_runs_two_steps_with_finite_metrics(preset, tiny_moe_dir):
     assert metrics["batch/action_tokens_mean"] == 10.0
     assert metrics["batch/response_tokens_mean"] == 14.0
     assert metrics["lag/token_max"] == 2.0 and metrics["lag/token_mean"] == 1.5
-    assert metrics["lag/token_p50"] == 1.5 and metrics["lag/token_p90"] == 2.0  # half the tokens 1, half 2 behind
+    # half the tokens 1, half 2 versions behind
+    assert metrics["lag/token_p50"] == 1.5 and metrics["lag/token_p90"] == 2.0
     assert "actor/entropy" in metrics and metrics["actor/entropy"] > 0
     family = "dis" if cfg.algo.loss.type == "dis" else "ppo"
     assert any(k.startswith(f"{family}/") for k in metrics)
