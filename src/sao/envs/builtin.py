@@ -11,6 +11,7 @@ __all__ = ["BUILTIN_ENV_MODULES", "load_builtin_envs"]
 BUILTIN_ENV_MODULES = (
     "sao.envs.calculator",
     "sao.envs.code_tests",
+    "sao.envs.grid_walk",
     "sao.envs.guess_number",
     "sao.envs.long_tail",
     "sao.envs.math_tir",
