@@ -148,10 +148,11 @@ EXP ?= runs/experiments
 # Round two (experiments/README.md): EXPERIMENTS="$(ROUND2)" runs only its specs.
 ROUND1 = c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
 	c6_step_gae c2_staleness c7_style_shift
-ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness
+ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness c1_grid c3_grid c6_grid
 EXPERIMENTS ?= $(ROUND1) $(ROUND2)
 .PHONY: experiments experiments-prep
-experiments-prep: install $(QS)/sft/config.json $(EXP)/style/support.json $(EXP)/rg/sft/config.json
+experiments-prep: install $(QS)/sft/config.json $(EXP)/style/support.json $(EXP)/rg/sft/config.json \
+	$(EXP)/grid/sft/config.json
 
 experiments: experiments-prep
 	for e in $(EXPERIMENTS); do $(BIN)/sao sweep experiments/$$e.yaml || exit 1; done
@@ -180,6 +181,15 @@ $(EXP)/rg/sft/config.json: | install
 		--out $(EXP)/rg/chats.jsonl
 	$(BIN)/sao sft --model $(EXP)/rg/base --data $(EXP)/rg/chats.jsonl --out $(EXP)/rg/sft --steps 800 --lr 3e-3 \
 		--batch-size 32 --eval-every 200
+
+# Round two's "long horizon" testbed (experiments/base/grid_walk.yaml): a walker that takes the shortest path's
+# move 60 % of the time.
+GRID_KW = --size 8 --holes 0.1 --min-dist 10 --slack 8 --slip 0.2
+$(EXP)/grid/sft/config.json: | install
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(EXP)/grid/base
+	$(BIN)/python -m sao.envs.grid_walk_sft --n 4000 --seed 0 --skill 0.6 $(GRID_KW) --out $(EXP)/grid/chats.jsonl
+	$(BIN)/sao sft --model $(EXP)/grid/base --data $(EXP)/grid/chats.jsonl --out $(EXP)/grid/sft --steps 800 \
+		--lr 3e-3 --batch-size 32 --eval-every 200
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
