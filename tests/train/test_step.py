@@ -110,6 +110,12 @@ def test_every_preset_runs_two_steps_with_finite_metrics(preset, tiny_moe_dir):
     family = "dis" if cfg.algo.loss.type == "dis" else "ppo"
     assert any(k.startswith(f"{family}/") for k in metrics)
     assert ("critic/grad_norm" in metrics) == cfg.algo.uses_critic
+    if cfg.algo.uses_critic:  # the attention part of the critic's gradient: none when attention is frozen
+        attention = metrics["critic/grad_norm_attention"]
+        if cfg.critic.freeze == "attention":
+            assert attention == 0.0
+        else:
+            assert 0.0 < attention <= metrics["critic/grad_norm_max"] + 1e-6
 
 
 def test_k_critic_steps_run_k_optimizer_steps(tiny_moe_dir):

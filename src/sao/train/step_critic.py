@@ -25,7 +25,15 @@ from .collective import Collective
 from .settings import CriticOptim
 from .step_schedule import critic_lr_factor
 from .step_shard import StepShard
-from .step_support import advance, clip_grad_norm, finite_update, host, reduce_on_last, token_slices
+from .step_support import (
+    advance,
+    clip_grad_norm,
+    finite_update,
+    grad_norm,
+    host,
+    reduce_on_last,
+    token_slices,
+)
 
 __all__ = ["CriticLearner"]
 
@@ -41,6 +49,10 @@ class CriticLearner:
         self.critic, self.args, self.collective = critic, args, collective
         self.gradient_sync, self.device = gradient_sync, device
         self.params: list[nn.Parameter] = trainable_parameters(critic)
+        # the attention part of the gradient (none when attention is frozen): how much of it attention carries
+        self.attention_params = [
+            p for name, p in critic.named_parameters() if p.requires_grad and ".self_attn." in name
+        ]
         self.optim = torch.optim.AdamW(self.params, lr=args.lr, weight_decay=args.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.optim, critic_lr_factor(args.lr_warmup_steps))
         self.steps = 0
@@ -79,13 +91,14 @@ class CriticLearner:
         mask = (batch.action_mask if targets.value_mask is None else targets.value_mask).bool()
         metrics = {"critic/explained_variance": explained_variance(old_values, returns, mask)}
         local = (step.local(returns), step.local(mask), step.local(old_values))
-        losses, norms = self._optimizer_steps(parts, local, max(float(mask.sum()), 1.0), first)
+        losses, norms, attention = self._optimizer_steps(parts, local, max(float(mask.sum()), 1.0), first)
         metrics.update(
             {
                 "critic/value_loss": losses[0],
                 "critic/value_loss_last": losses[-1],
                 "critic/grad_norm": sum(norms) / len(norms),
                 "critic/grad_norm_max": max(norms),
+                "critic/grad_norm_attention": sum(attention) / len(attention),
                 "critic/lr": self.optim.param_groups[0]["lr"],
                 "critic/value_mean": float(old_values[mask].mean()) if mask.any() else 0.0,
                 "critic/return_mean": float(returns[mask].mean()) if mask.any() else 0.0,
@@ -106,11 +119,12 @@ class CriticLearner:
         local: tuple[Tensor, Tensor, Tensor],
         denominator: float,
         first: Tensor | None,
-    ) -> tuple[list[float], list[float]]:
-        """K optimizer steps on fixed targets; returns each step's whole-batch loss and gradient norm."""
+    ) -> tuple[list[float], list[float], list[float]]:
+        """K optimizer steps on fixed targets; returns each step's whole-batch loss, gradient norm and the
+        norm of its attention parameters' part (before clipping)."""
         local_returns, local_mask, local_old = local
         slices = token_slices(parts)
-        losses, norms = [], []
+        losses, norms, attention = [], [], []
         for _ in range(self.args.k_critic):
             self.optim.zero_grad(set_to_none=True)
             total = torch.zeros((), device=self.device)
@@ -125,6 +139,7 @@ class CriticLearner:
                     before_backward(i)
                     loss.backward()
                     total = total + loss.detach()
+            attention.append(grad_norm(self.attention_params))
             norm = clip_grad_norm(self.params, self.args.grad_clip)
             total = self.collective.sum(total)  # the whole batch's loss: the same skip decision everywhere
             if finite_update(total, norm):
@@ -135,4 +150,4 @@ class CriticLearner:
                 self.skipped_steps += 1
             norms.append(float(norm))
             losses.append(float(total))
-        return losses, norms
+        return losses, norms, attention

@@ -57,6 +57,17 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> Tensor:
     return full_tensor() if full_tensor is not None else norm
 
 
+def grad_norm(params: list[nn.Parameter]) -> float:
+    """The total 2-norm of ``params``' gradients (0.0 when none has one), over all ranks for sharded
+    parameters; the gradients are not changed."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads)
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)
+
+
 def advance(sched: torch.optim.lr_scheduler.LRScheduler, skipped: bool) -> None:
     """``sched.step()``; after a skipped optimizer step without torch's warning that no optimizer step
     preceded it (the skip is deliberate)."""
