@@ -148,11 +148,12 @@ EXP ?= runs/experiments
 # Round two (experiments/README.md): EXPERIMENTS="$(ROUND2)" runs only its specs.
 ROUND1 = c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
 	c6_step_gae c2_staleness c7_style_shift
-ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness c1_grid c3_grid c6_grid
+ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness c1_grid c3_grid c6_grid \
+	c4_grid_map
 EXPERIMENTS ?= $(ROUND1) $(ROUND2)
 .PHONY: experiments experiments-prep
 experiments-prep: install $(QS)/sft/config.json $(EXP)/style/support.json $(EXP)/rg/sft/config.json \
-	$(EXP)/grid/sft/config.json
+	$(EXP)/grid/sft/config.json $(EXP)/grid_map/sft/config.json
 
 experiments: experiments-prep
 	for e in $(EXPERIMENTS); do $(BIN)/sao sweep experiments/$$e.yaml || exit 1; done
@@ -190,6 +191,15 @@ $(EXP)/grid/sft/config.json: | install
 	$(BIN)/python -m sao.envs.grid_walk_sft --n 4000 --seed 0 --skill 0.6 $(GRID_KW) --out $(EXP)/grid/chats.jsonl
 	$(BIN)/sao sft --model $(EXP)/grid/base --data $(EXP)/grid/chats.jsonl --out $(EXP)/grid/sft --steps 800 \
 		--lr 3e-3 --batch-size 32 --eval-every 200
+
+# ... and its long-context variant for C4 (experiments/base/grid_walk_map.yaml): 10x10, the map every turn.
+GRID_MAP_KW = --size 10 --holes 0.1 --min-dist 12 --slack 8 --slip 0.2 --view map
+$(EXP)/grid_map/sft/config.json: | install
+	$(BIN)/sao init-model --arch qwen3_moe --size small --out $(EXP)/grid_map/base
+	$(BIN)/python -m sao.envs.grid_walk_sft --n 2000 --seed 0 --skill 0.6 $(GRID_MAP_KW) \
+		--out $(EXP)/grid_map/chats.jsonl
+	$(BIN)/sao sft --model $(EXP)/grid_map/base --data $(EXP)/grid_map/chats.jsonl --out $(EXP)/grid_map/sft \
+		--steps 400 --lr 3e-3 --batch-size 16 --eval-every 100
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks examples
