@@ -103,6 +103,7 @@ def test_evaluation_during_training_is_logged_and_does_not_touch_the_books(tmp_p
     # eval.engine auto = frozen here: every evaluation on its step's weights alone, in an engine of its own
     for step, record in evals.items():
         assert record["eval/policy_version_start"] == record["eval/policy_version_end"] == float(step)
+        assert record["eval/wall_s"] > 0
 
 
 def test_a_missing_eval_file_fails_at_start_naming_the_key(tmp_path):

@@ -10,16 +10,17 @@ evaluation spans the versions pushed while it runs). ``eval/policy_version_start
 either way.
 
 Results go to the metric sinks at the step they measure (``eval/pass@1``, ``eval/pass@k``,
-``eval/mean_reward``, ``eval/errors``, and per task file ``eval/<file stem>/pass@1``), and the full report
-to ``run_dir/eval/step_<step>.json`` beside the checkpoints. Envs that follow training
-(``set_training_progress``) see the progress at the evaluation's start. An evaluation that fails is
-reported on the console and as ``eval/failed``; it never stops the run.
+``eval/mean_reward``, ``eval/errors``, ``eval/wall_s`` (seconds its episodes took), and per task file
+``eval/<file stem>/pass@1``), and the full report to ``run_dir/eval/step_<step>.json`` beside the checkpoints.
+Envs that follow training (``set_training_progress``) see the progress at the evaluation's start. An
+evaluation that fails is reported on the console and as ``eval/failed``; it never stops the run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,12 @@ class TrainingEvaluator:
             notify_training_progress(env, progress)
             return env
 
-        def run(engine: Any) -> Any:
-            return evaluate(engine, self.tokenizer, self.files, self.args.settings, env_factory=make_env)
+        async def run(engine: Any) -> dict[str, Any]:
+            started = time.monotonic()
+            args = self.args.settings
+            report = await evaluate(engine, self.tokenizer, self.files, args, env_factory=make_env)
+            report["wall_s"] = time.monotonic() - started  # sampling only (not waiting for the engine)
+            return report
 
         try:
             report, start, end = await self.engine.run(self._held.pop(step), run)
@@ -156,6 +161,7 @@ class TrainingEvaluator:
         metrics = eval_metrics(report)
         metrics["eval/policy_version_start"] = float(start)
         metrics["eval/policy_version_end"] = float(end)
+        metrics["eval/wall_s"] = float(report["wall_s"])
         report["step"] = step
         write_report(report, self._report_path(step))
         self.sinks.log(step, metrics, always=True)
