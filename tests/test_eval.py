@@ -143,3 +143,21 @@ def test_eval_command_rejects_missing_task_file(tmp_path: Path) -> None:
         app, ["eval", "--model", str(tmp_path), "--tasks", str(tmp_path / "nope.jsonl")]
     )
     assert result.exit_code == 2 and "nope.jsonl" in result.output
+
+
+def test_max_turns_caps_the_env_and_works_for_envs_without_a_turn_argument(
+    tiny_moe_dir: Path, tmp_path: Path
+) -> None:
+    from sao.envs import make_env_tasks, save_tasks_jsonl
+
+    tasks = tmp_path / "style.jsonl"
+    save_tasks_jsonl(tasks, make_env_tasks("style_shift", 2, seed=1))
+    one_turn = EvalSettings(k=1, max_turns=1, max_tokens_per_turn=8, max_total_tokens=256, env="style_shift",
+                            env_kwargs={"schedule": [[0, "cute"]]})  # fmt: skip
+    report = run_eval(tiny_moe_dir, [tasks], one_turn, device="cpu")  # style_shift takes no max_turns
+    assert [s["error"] for t in report["tasks"] for s in t["samples"]] == [None, None]
+    calc = tmp_path / "calc.jsonl"
+    save_tasks_jsonl(calc, make_env_tasks("calculator", 2, seed=1))
+    capped = dataclasses.replace(one_turn, env="calculator", env_kwargs={})  # calculator's own budget is 3
+    report = run_eval(tiny_moe_dir, [calc], capped, device="cpu")
+    assert [s["turns"] for t in report["tasks"] for s in t["samples"]] == [1, 1]

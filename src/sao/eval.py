@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from sao.envs.base import Task
-from sao.envs.factory import make_env
+from sao.envs.factory import cap_turns, make_env
 
 __all__ = [
     "DEFAULT_ENV",
@@ -148,8 +148,7 @@ async def _run_sample(
         if env_factory is not None:
             env = env_factory()
         else:
-            turns = {} if settings.max_turns is None else {"max_turns": settings.max_turns}
-            env = make_env(env_name, **settings.env_kwargs, **turns)
+            env = cap_turns(make_env(env_name, **settings.env_kwargs), settings.max_turns)
         cfg = AgentLoopConfig(
             max_turns=settings.max_turns or env.max_turns,
             max_total_tokens=settings.max_total_tokens,

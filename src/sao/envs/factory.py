@@ -17,7 +17,7 @@ from sao.envs.base import ENV_REGISTRY, ENV_TASKS, Env, EnvError, Task, TaskSour
 from sao.envs.builtin import load_builtin_envs
 from sao.user_code import UserCodeError, load_symbol
 
-__all__ = ["load_env_class", "make_env", "make_env_tasks"]
+__all__ = ["cap_turns", "load_env_class", "make_env", "make_env_tasks"]
 
 
 def load_env_class(source: str) -> Callable[..., Env]:
@@ -110,3 +110,13 @@ def make_env_tasks(name_or_source: str, n: int, seed: int = 0, **env_kwargs: Any
             f"the task generator of environment {name_or_source!r} must return a list of sao.envs.Task"
         )
     return tasks
+
+
+def cap_turns(env: Env, cap: int | None) -> Env:
+    """``env`` with its own turn budget (an integer ``max_turns`` attribute) lowered to ``cap`` when it is
+    larger, so the env grades on the agent loop's last turn (a run's ``data.max_turns``, `sao eval`'s
+    ``--max-turns``); an env without one, or ``cap`` None, is left as it is. Returns ``env``."""
+    own = getattr(env, "max_turns", None)
+    if cap is not None and isinstance(own, int) and not isinstance(own, bool) and own > cap:
+        env.max_turns = cap  # type: ignore[attr-defined]
+    return env

@@ -10,7 +10,7 @@ from typing import Any
 
 from sao.config import ConfigError, RunConfig
 from sao.envs.base import Env, EnvError, Task
-from sao.envs.factory import make_env
+from sao.envs.factory import cap_turns, make_env
 
 from .args import EnvArgs, TaskArgs, TokenizerArgs, TrainerArgs
 from .factories import FACTORIES
@@ -75,11 +75,7 @@ class EnvBuilder:
             self.judge = JudgeClient(args.judge.settings)
 
     def __call__(self) -> Env:
-        env = make_env(self.args.name, **self.args.kwargs)
-        cap = self.args.max_turns
-        own = getattr(env, "max_turns", None)
-        if cap is not None and isinstance(own, int) and not isinstance(own, bool) and own > cap:
-            env.max_turns = cap  # type: ignore[attr-defined]  # grade on the loop's last turn
+        env = cap_turns(make_env(self.args.name, **self.args.kwargs), self.args.max_turns)
         if self.judge is None:
             return env
         from sao.envs.judged import JudgedEnv
