@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -83,7 +84,7 @@ def figure(name: str, claim: dict[str, Any], results: Path, out: Path) -> Path |
     metrics = [
         (t, tb, m) for t, tb in testbeds for m in dict.fromkeys(p.metric.split(" (")[0] for p in tb["parts"])
     ]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(max(7, 5 * len(metrics)), 3.8), squeeze=False)
     for ax, (testbed, tb, metric) in zip(axes[0], metrics, strict=True):
         curves = _curves(results / tb["spec"] / "curves.csv")
         arms = dict.fromkeys(a for p in tb["parts"] for a in (p.high, p.low))
@@ -97,7 +98,7 @@ def figure(name: str, claim: dict[str, Any], results: Path, out: Path) -> Path |
         ax.set_xlabel("step")
         ax.set_ylabel(metric)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{name}: {claim['title']}", fontsize=10)
+    fig.suptitle(textwrap.fill(f"{name}: {claim['title']}", 90), fontsize=10)
     fig.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name.lower()}.png"
