@@ -27,8 +27,6 @@ R = TypeVar("R")
 
 
 class EvalEngine(Protocol):
-    clean: bool  # True: every evaluation samples from one version
-
     def hold(self) -> Any:
         """What an evaluation launched now needs later (called between training steps)."""
 
@@ -41,8 +39,6 @@ class EvalEngine(Protocol):
 
 class SharedEvalEngine:
     """The run's engine; versions from the run's clock (``version()``)."""
-
-    clean = False
 
     def __init__(self, engine: Any, version: Callable[[], int]) -> None:
         self.engine, self.version = engine, version
@@ -63,8 +59,6 @@ class FrozenEvalEngine:
     """An engine of the evaluations' own: ``start()`` starts it (on the first evaluation, and again after
     one failed), ``snapshot()`` copies the trainer's current weights in the engine's dtype, ``version()`` is
     their policy version."""
-
-    clean = True
 
     def __init__(
         self, start: Callable[[], Awaitable[Any]], snapshot: Callable[[], Any], version: Callable[[], int]
