@@ -14,7 +14,8 @@ from sao.sweep.report import write_report
 from sao.sweep.spec import load_spec, plan_runs
 
 ROOT = Path(__file__).resolve().parents[2]
-SPECS = sorted((ROOT / "experiments").glob("*.yaml"))
+# Sweep specs only: experiments/claims.yaml (the claims' parts for the verdicts) is not one.
+SPECS = sorted(p for p in (ROOT / "experiments").glob("*.yaml") if p.name != "claims.yaml")
 
 
 @pytest.fixture(scope="module")
@@ -44,3 +45,20 @@ def test_spec_smoke_runs_every_arm_and_reports(spec_path, runs_root, tmp_path, m
     assert all(run.steps_done == run.total_steps for rs in by_arm.values() for run in rs)
     paths = write_report(by_arm, spec.report, tmp_path / "report", title=spec.name)
     assert (tmp_path / "report" / "report.md") in paths
+
+
+def test_every_claim_part_names_a_spec_its_arms_and_one_of_its_final_columns():
+    import importlib.util
+
+    loader = importlib.util.spec_from_file_location("verdicts", ROOT / "experiments" / "verdicts.py")
+    verdicts = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(verdicts)
+    claims = verdicts.load_claims(ROOT / "experiments" / "claims.yaml")
+    assert {f"C{i}" for i in range(1, 8)} <= set(claims)
+    for name, claim in claims.items():
+        for testbed, tb in claim["testbeds"].items():
+            spec = load_spec(ROOT / "experiments" / f"{tb['spec']}.yaml")
+            arms, labels = {a.name for a in spec.arms}, {f.label for f in spec.report.finals}
+            for part in tb["parts"]:
+                assert {part.high, part.low} <= arms, (name, testbed, part)
+                assert part.metric in labels, (name, testbed, part.metric, sorted(labels))
