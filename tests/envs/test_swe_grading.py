@@ -114,8 +114,14 @@ def test_hidden_tests_fail_at_base_and_pass_with_the_reference_patch(inst: SWEIn
         "pass_to_pass_passed": 1,
         "pass_to_pass_failed": 0,
     }
+    mtime = box.run("stat -c %Y calc/ops.py").stdout.strip()
+    box.run(
+        "python -m pytest -q -p no:cacheprovider tests/test_ops.py"
+    )  # the model's own run caches bytecode
     applied = box.run("git apply -", stdin=inst.patch)
     assert applied.exit_code == 0, applied.as_observation()
+    # the fix has the same length; with the same mtime second Python would trust the old cached bytecode
+    box.run(f"touch -d @{mtime} calc/ops.py")
     after = grade(box, inst, base, timeout_s=60.0)  # grading twice re-applies the test patch cleanly
     assert after.resolved and after.error is None, after.output
     assert set(after.fail_to_pass.values()) == {"PASSED"} and "3 passed" in after.output

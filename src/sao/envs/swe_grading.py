@@ -7,7 +7,8 @@ a git repository inside the sandbox by `init_repo` (one commit, whose hash `init
 `grade` takes). `grade` keeps whatever the model changed, resets every file the ``test_patch`` touches
 to its base content (``git checkout <base> -- file``, or removed when the base has no such file), applies
 the ``test_patch`` (``git apply``, from stdin: the hidden tests are never in the sandbox before this), then
-runs ``inst.test_cmd`` with the FAIL_TO_PASS and PASS_TO_PASS node ids appended and reads each test's
+removes every ``__pycache__`` (stale bytecode would test old code), then runs ``inst.test_cmd`` (with
+``PYTHONDONTWRITEBYTECODE=1``) with the FAIL_TO_PASS and PASS_TO_PASS node ids appended and reads each test's
 status from pytest's report (`parse_pytest_log`). Resolved = every FAIL_TO_PASS and every PASS_TO_PASS
 test passed (``PASSED`` or ``XFAIL``, as SWE-bench counts them); a test missing from the report did not.
 
@@ -159,14 +160,18 @@ def parse_pytest_log(text: str) -> dict[str, str]:
 
 
 def _reset_script(base_commit: str, paths: list[str], apply: bool) -> str:
-    """Shell: put each path back as the base commit has it (or remove it), then ``git apply`` stdin."""
+    """Shell: put each path back as the base commit has it (or remove it), then ``git apply`` stdin; and
+    remove every ``__pycache__``: Python trusts a cached module whose source has the same size and mtime
+    second, so an edit of the same length made within a second of an earlier test run (the model's, or the
+    grading before a fix) would otherwise be tested as the old code."""
     base = shlex.quote(base_commit)
     steps = [
         f"if git cat-file -e {base}:{shlex.quote(p)} 2>/dev/null;"
         f" then git checkout -q {base} -- {shlex.quote(p)}; else rm -rf -- {shlex.quote(p)}; fi"
         for p in paths
     ]
-    return " && ".join([*steps, "git apply --whitespace=nowarn -" if apply else "true"])
+    caches = "find . -name __pycache__ -type d -prune -exec rm -rf {} +"
+    return " && ".join([*steps, "git apply --whitespace=nowarn -" if apply else "true", caches])
 
 
 def grade(sandbox: Sandbox, inst: SWEInstance, base_commit: str, timeout_s: float = 300.0) -> GradeResult:
@@ -187,7 +192,10 @@ def grade(sandbox: Sandbox, inst: SWEInstance, base_commit: str, timeout_s: floa
     if reset.exit_code != 0:
         return GradeResult(False, error=f"the test patch did not apply: {reset.as_observation(2000)}")
     node_ids = list(dict.fromkeys((*inst.FAIL_TO_PASS, *inst.PASS_TO_PASS)))
-    command = inst.test_cmd + "".join(" " + shlex.quote(node) for node in node_ids)
+    # no bytecode written either: a later grading of an edit within the same second reads the source
+    command = (
+        "export PYTHONDONTWRITEBYTECODE=1; " + inst.test_cmd + "".join(" " + shlex.quote(n) for n in node_ids)
+    )
     run = sandbox.run(command, timeout_s)
     output = run.stdout + (("\n[stderr]\n" + run.stderr) if run.stderr.strip() else "")
     statuses = parse_pytest_log(run.stdout)
