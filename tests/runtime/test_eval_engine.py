@@ -21,11 +21,12 @@ def _engine_weights(engine) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in engine.model.state_dict().items()}
 
 
+@pytest.mark.parametrize("engine_dtype", ["float32", "bfloat16"])  # bf16: a cast copy of fp32 master weights
 def test_a_frozen_evaluation_runs_on_the_weights_held_at_its_launch_whatever_the_trainer_does_next(
-    tiny_moe_dir, tiny_tokenizer
+    tiny_moe_dir, tiny_tokenizer, engine_dtype
 ):
-    backend = LocalBackend(ThreadArgs("local", 1, 1), EngineArgs("local", "cpu", "float32", 4, 0), None, None,
-                           None, Console(quiet=True))  # fmt: skip
+    engine = EngineArgs("local", "cpu", engine_dtype, 4, 0)
+    backend = LocalBackend(ThreadArgs("local", 1, 1), engine, None, None, None, Console(quiet=True))
     backend.actor = load_policy(tiny_moe_dir, dtype=torch.float32, device="cpu")
     original = {k: v.detach().clone() for k, v in backend.actor.state_dict().items()}
     version = [3]
@@ -58,8 +59,9 @@ def test_a_frozen_evaluation_runs_on_the_weights_held_at_its_launch_whatever_the
     assert (start_3, end_3, start_4, end_4, start_5) == (3, 3, 4, 4, 4)
     moved = dict(backend.actor.state_dict())
     for name, value in seen_3.items():
-        assert torch.equal(value, original[name]), name
-        assert torch.equal(seen_4[name], moved[name]), name
+        assert value.dtype == getattr(torch, engine_dtype), name
+        assert torch.equal(value, original[name].to(value.dtype)), name
+        assert torch.equal(seen_4[name], moved[name].to(value.dtype)), name
 
 
 def _cfg(*overrides: str):
