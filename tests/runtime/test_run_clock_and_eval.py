@@ -148,3 +148,30 @@ def test_a_resumed_run_evaluates_its_checkpoint_step_when_that_evaluation_was_cu
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     again = [r for r in records if r["step"] == 2 and "eval/pass@1" in r][-1]
     assert again["eval/policy_version_start"] == again["eval/policy_version_end"] == 2.0
+
+
+def test_a_resumed_run_evaluates_after_rotation_deleted_the_checkpoint_it_resumed_from(tmp_path):
+    """The frozen evaluation engine starts from the configured model, not from the resumed-from checkpoint
+    (keep_checkpoints=1 has deleted it by the first evaluation)."""
+    from sao.envs import make_env_tasks, save_tasks_jsonl
+
+    held_out = tmp_path / "held_out.jsonl"
+    save_tasks_jsonl(held_out, make_env_tasks("calculator", 2, seed=99))
+    run = tmp_path / "run"
+    base = [*_OVERRIDES, f"logging.run_dir={run}", "critic.pretrain.enabled=false",
+            f"data.eval_file={held_out}", "logging.eval_every=3", "logging.checkpoint_every=1",
+            "logging.keep_checkpoints=1", "eval.at_start=false", "eval.k=1"]  # fmt: skip
+    train_sync_entry(load_config(None, [*base, "trainer.total_steps=1"]))
+    train_sync_entry(load_config(None, [*base, "trainer.total_steps=4"]), resume=True)
+    assert not (run / "checkpoints" / "step_00000001").exists()  # rotated away before step 3's evaluation
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in evals] == [1, 3, 4] and not any("eval/failed" in r for r in evals)
+    assert all(r["eval/policy_version_start"] == r["eval/policy_version_end"] == r["step"] for r in evals)
+
+
+def test_start_dirs_give_the_resumed_checkpoint_once_then_the_configured_model(tmp_path):
+    from sao.runtime.engines import StartDirs
+
+    dirs = StartDirs(tmp_path / "checkpoints" / "step_00000025" / "actor", tmp_path / "base")
+    assert [dirs().name for _ in range(3)] == ["actor", "base", "base"]

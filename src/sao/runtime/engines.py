@@ -6,6 +6,11 @@ resolves from the config (or attached and given the run's weights). A process or
 up is an `EngineStartError` carrying the cause's message, and so is a server whose context limit is below
 the episode budget (`check_context_limit`, at launch and at attach). The run's checkpoint must carry the
 rope scaling the config names (`check_rope_scaling`).
+
+Which directory an engine loads (`StartDirs`): a resumed run's first engine start loads the checkpoint it
+resumed from; every later start (a restart after a crash, the frozen evaluation engine) loads the configured
+model and is then given the trainer's current weights, because by then checkpoint rotation
+(``logging.keep_checkpoints``) may have deleted the resumed-from checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EngineStartError",
+    "StartDirs",
     "check_context_limit",
     "check_rope_scaling",
     "server_extra_args",
@@ -36,6 +42,21 @@ __all__ = [
 
 class EngineStartError(RuntimeError):
     """The rollout engine (a child process or a vLLM / SGLang server) could not be started or attached."""
+
+
+class StartDirs:
+    """Calling it gives the directory the next engine start loads: ``first`` once (the weights the run
+    starts from: a resumed run's checkpoint), ``later`` from then on (the configured model, which stays on
+    disk; the restarted engine is given the current weights right after)."""
+
+    def __init__(self, first: Path, later: Path) -> None:
+        self.first, self.later, self._started = first, later, False
+
+    def __call__(self) -> Path:
+        if self._started:
+            return self.later
+        self._started = True
+        return self.first
 
 
 async def start_engine(

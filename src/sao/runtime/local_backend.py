@@ -22,7 +22,7 @@ from .args import CriticArgs, EngineArgs, ModelArgs, ThreadArgs, TrainerArgs
 from .backend import EngineHooks, ModelDirs
 from .build import build_trainer
 from .engine_guard import SupervisedEngine
-from .engines import start_engine
+from .engines import StartDirs, start_engine
 from .eval_engine import FrozenEvalEngine
 from .threads import plan_threads
 from .weight_sync import InprocSync, WeightSync, push_dtype
@@ -69,8 +69,10 @@ class LocalBackend:
         args = dataclasses.replace(self.engine_args, threads=self.threads.engine)
         self.console.print(self.threads.describe(), markup=False, highlight=False)
 
+        load_dir = StartDirs(dirs.actor, dirs.base)
+
         def start() -> Any:
-            return start_engine(args, dirs.actor, dirs.base, tokenizer)
+            return start_engine(args, load_dir(), dirs.base, tokenizer)
 
         async def weights() -> tuple[Any, int]:
             async with hooks.train_lock:
@@ -93,7 +95,9 @@ class LocalBackend:
         def snapshot() -> dict[str, Any]:  # a copy: the trainer goes on changing its own weights
             return {k: v.detach().to(dtype or v.dtype, copy=True) for k, v in self.actor.state_dict().items()}
 
-        return FrozenEvalEngine(functools.partial(start_engine, args, dirs.actor, dirs.base, tokenizer),
+        # The configured model, not a resumed run's checkpoint (rotation may have deleted it): every
+        # evaluation loads its step's snapshot anyway.
+        return FrozenEvalEngine(functools.partial(start_engine, args, dirs.base, dirs.base, tokenizer),
                                 snapshot, version)  # fmt: skip
 
     def pretrain_value(self, corpus: list[Any], options: Any, console: Console) -> Any:

@@ -30,7 +30,7 @@ from .args import ClusterArgs, ClusterSettings, CriticArgs, EngineArgs, TrainerA
 from .backend import EngineHooks, ModelDirs
 from .engine_guard import SupervisedEngine
 from .engine_pool import EnginePool, start_replicas
-from .engines import check_rope_scaling, server_settings
+from .engines import StartDirs, check_rope_scaling, server_settings
 from .native_weight_sync import NativeSync
 from .ray_cluster import RayCluster, actor_threads
 from .ray_engine import RemoteEngine, logging_settings, replica_class
@@ -130,10 +130,11 @@ async def _engine_pool(
     """``cluster.engine_replicas`` supervised replicas, started all at once (a failure names its replica)."""
     servers = engine.backend in ("vllm", "sglang")
     cfg = cluster.cfg
+    base = tokenizer_dir  # the configured model: what a replica restarts on (`StartDirs`)
     starts = [
-        server_starter(cluster, i, engine, actor_dir, cfg.start_timeout_s, sync_path)
+        server_starter(cluster, i, engine, actor_dir, cfg.start_timeout_s, sync_path, restart_dir=base)
         if servers
-        else replica_starter(cluster, i, engine, actor_dir, tokenizer_dir)
+        else replica_starter(cluster, i, engine, actor_dir, tokenizer_dir, restart_dir=base)
         for i in range(cfg.engine_replicas)
     ]
     started = await start_replicas(starts)
@@ -231,15 +232,17 @@ def replica_server_settings(engine: EngineArgs, model_dir: Path, sync_path: str)
 
 
 def server_starter(
-    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, timeout_s: float, sync_path: str
-) -> Callable[[], Awaitable[Any]]:
-    """Starts replica ``index`` as a vLLM / SGLang server in its bundle (again, after it died), with
-    `replica_server_settings`."""
+    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, timeout_s: float, sync_path: str,
+    restart_dir: Path | None = None,
+) -> Callable[[], Awaitable[Any]]:  # fmt: skip
+    """Starts replica ``index`` as a vLLM / SGLang server in its bundle on ``model_dir`` (again, after it
+    died, on ``restart_dir``: see `StartDirs`), with `replica_server_settings`."""
     settings = replica_server_settings(engine, model_dir, sync_path)
+    load_dir = StartDirs(model_dir, restart_dir or model_dir)
 
     async def start() -> Any:
         return await launch_server_replica(
-            cluster, index, engine.backend, model_dir, python=engine.python, dtype=engine.dtype,
+            cluster, index, engine.backend, load_dir(), python=engine.python, dtype=engine.dtype,
             max_running=engine.max_concurrent, settings=settings, episode_budget=engine.server.episode_budget,
             extra_args=engine.server_args, timeout_s=timeout_s,
         )  # fmt: skip
@@ -248,17 +251,20 @@ def server_starter(
 
 
 def replica_starter(
-    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, tokenizer_dir: Path
-) -> Callable[[], Awaitable[RemoteEngine]]:
-    """Starts replica ``index`` in its bundle (again, after it died) and waits until it serves."""
+    cluster: RayCluster, index: int, engine: EngineArgs, model_dir: Path, tokenizer_dir: Path,
+    restart_dir: Path | None = None,
+) -> Callable[[], Awaitable[RemoteEngine]]:  # fmt: skip
+    """Starts replica ``index`` in its bundle on ``model_dir`` (again, after it died, on ``restart_dir``: see
+    `StartDirs`) and waits until it serves."""
     remote = replica_class()
     quiet = logging_settings()
     threads = actor_threads(cluster.cfg.engine_cpus)
+    load_dir = StartDirs(model_dir, restart_dir or model_dir)
 
     async def start() -> RemoteEngine:
         actor = cluster.track(
             remote.options(**cluster.engine_options(index), max_concurrency=1000).remote(
-                str(model_dir), str(tokenizer_dir), device=engine.device, dtype=engine.dtype,
+                str(load_dir()), str(tokenizer_dir), device=engine.device, dtype=engine.dtype,
                 max_running=engine.max_concurrent, seed=engine.seed + index, threads=threads, logging=quiet,
                 prefix_cache_tokens=engine.prefix_cache_tokens,
             )
