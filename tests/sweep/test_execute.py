@@ -85,6 +85,15 @@ def test_an_interrupted_run_resumes_and_a_failed_one_is_recorded_not_rerun(tmp_p
     assert run_sweep(spec, [ok], in_process=True)["skipped"] == [ok]
     assert run_sweep(spec, [ok], in_process=True, retry_failed=True)["done"] == [ok]
     assert read_outcome(ok.run_dir).command[-1] == "--resume"
+    # An attempt killed outright (SIGKILL, the machine down) left its last heartbeat: the next one adds it.
+    before = read_outcome(ok.run_dir)
+    (ok.run_dir / STATUS_FILE).unlink()
+    (ok.run_dir / ".sweep_attempt_open.json").write_text(json.dumps({"wall_s": 1000.0}))
+    run_sweep(spec, [ok], in_process=True)
+    after = read_outcome(ok.run_dir)
+    assert after.attempts == before.attempts + 2
+    assert 1000.0 + before.wall_s < after.wall_s < 1100.0 + before.wall_s
+    assert not (ok.run_dir / ".sweep_attempt_open.json").exists()
 
 
 def test_a_run_whose_lock_another_process_holds_is_skipped_as_running(tmp_path):
@@ -189,14 +198,18 @@ def test_killing_a_sweep_stops_its_runs_and_the_next_sweep_resumes_them(tmp_path
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     spec = load_spec(spec_path)
     (run,) = plan_runs(spec)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300  # generous: a loaded 2-core machine starts the child slowly
     while not list((run.run_dir / "checkpoints").glob("step_*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert sweep.poll() is None, sweep.stdout.read().decode()
+    assert list((run.run_dir / "checkpoints").glob("step_*")), "no checkpoint within 300 s"
+    heartbeat = json.loads((run.run_dir / ".sweep_attempt_open.json").read_text())  # the running attempt's
+    assert heartbeat["wall_s"] >= 0
     sweep.send_signal(signal.SIGTERM)
     out = sweep.communicate(timeout=60)[0].decode()
     assert sweep.returncode == 130 and "`sao sweep` again resumes them" in out
     assert read_outcome(run.run_dir) is None and run_state(run.run_dir) == "interrupted"
+    assert not (run.run_dir / ".sweep_attempt_open.json").exists()  # noted as an attempt instead
     lines = [json.loads(x) for x in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in lines) < 24  # stopped mid-run
     result = run_sweep(spec, [run])

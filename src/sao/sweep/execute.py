@@ -144,11 +144,33 @@ def _train_command(spec: SweepSpec, run: PlannedRun, resume: bool) -> list[str]:
 
 
 _ATTEMPTS = ".sweep_attempts.jsonl"  # one line per attempt: {"wall_s": ...}, so a resumed run adds up
+# The running attempt's wall time so far, rewritten every _HEARTBEAT_S while its child runs: an attempt killed
+# with the sweep (SIGKILL, the machine going down) leaves it behind, and the next attempt adds it up.
+_OPEN_ATTEMPT = ".sweep_attempt_open.json"
+_HEARTBEAT_S = 30.0
 
 
-def _note_attempt(run_dir: Path, wall_s: float) -> None:
+def _note_attempt(run_dir: Path, wall_s: float, **extra: Any) -> None:
     with (run_dir / _ATTEMPTS).open("a") as f:
-        f.write(json.dumps({"wall_s": wall_s}) + "\n")
+        f.write(json.dumps({"wall_s": wall_s, **extra}) + "\n")
+    (run_dir / _OPEN_ATTEMPT).unlink(missing_ok=True)
+
+
+def _heartbeat(run_dir: Path, wall_s: float) -> None:
+    tmp = run_dir / f"{_OPEN_ATTEMPT}.tmp"
+    tmp.write_text(json.dumps({"wall_s": wall_s}))
+    tmp.replace(run_dir / _OPEN_ATTEMPT)
+
+
+def _close_killed_attempt(run_dir: Path) -> None:
+    """Add up the wall time (to within `_HEARTBEAT_S`) of an attempt that died without noting it."""
+    try:
+        wall_s = float(json.loads((run_dir / _OPEN_ATTEMPT).read_text())["wall_s"])
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, KeyError, TypeError):
+        wall_s = 0.0  # a torn heartbeat: the attempt counts, its time is lost
+    _note_attempt(run_dir, wall_s, killed=True)
 
 
 def _attempt_lines(run_dir: Path) -> list[dict[str, Any]]:
@@ -211,10 +233,11 @@ def _prepare(run: PlannedRun) -> bool:
     run, or a failed one retried). A run without a checkpoint starts again from an empty dir, but for the
     lock, the attempts file (the outcome's wall time counts every attempt) and ``train.log`` (appended to)."""
     (run.run_dir / STATUS_FILE).unlink(missing_ok=True)
+    _close_killed_attempt(run.run_dir)
     if _has_checkpoint(run.run_dir):
         return True
     for entry in run.run_dir.iterdir():
-        if entry.name in (_LOCK, _ATTEMPTS, LOG_FILE):
+        if entry.name in (_LOCK, _ATTEMPTS, _OPEN_ATTEMPT, LOG_FILE):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
@@ -240,7 +263,7 @@ def _run_child(
         )
         children.add(proc)
         try:
-            rc = proc.wait()
+            rc = _wait_noting(proc, run.run_dir, t0)
         finally:
             children.discard(proc)
     if children.stopping:
@@ -249,6 +272,16 @@ def _run_child(
     status = "done" if rc == 0 else "stopped" if rc == _STOPPED_RC else "failed"
     error = "" if rc == 0 else _log_tail(run.run_dir / LOG_FILE)
     return _finish(run, status, rc, started, command, error, t0)
+
+
+def _wait_noting(proc: subprocess.Popen[bytes], run_dir: Path, t0: float) -> int:
+    """Wait for the child, writing the attempt's wall time so far every `_HEARTBEAT_S`."""
+    while True:
+        _heartbeat(run_dir, time.monotonic() - t0)
+        try:
+            return proc.wait(timeout=_HEARTBEAT_S)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _log_tail(path: Path, lines: int = 3) -> str:
