@@ -16,6 +16,7 @@ from sao.envs.grid_walk import (
     GridWalkEnv,
     Layout,
     distances_to_goal,
+    goal_offset,
     make_tasks,
     position,
     shortest_move,
@@ -47,13 +48,13 @@ def test_a_hand_checked_walk_reaches_the_goal_cell_by_cell_with_reward_1():
     moves = ["move: right", "move: right", "move: down", "move: down", "move: down", "move: right"]
     first, results = walk(moves, slip=0.0)
     assert first == [{"role": "user", "content": "4x4 grid, reach the goal, avoid holes; reply move: "
-                      "up|down|left|right\nat 0,0 goal 3,3 holes: none"}]  # fmt: skip
+                      "up|down|left|right\nat 0,0 goal 3,3 (3 down 3 right) holes: none"}]  # fmt: skip
     assert contents(results) == [
-        "at 0,1 goal 3,3 holes: down",
-        "at 0,2 goal 3,3 holes: none",
-        "at 1,2 goal 3,3 holes: left",
-        "at 2,2 goal 3,3 holes: right",
-        "at 3,2 goal 3,3 holes: none",
+        "at 0,1 goal 3,3 (3 down 2 right) holes: down",
+        "at 0,2 goal 3,3 (3 down 1 right) holes: none",
+        "at 1,2 goal 3,3 (2 down 1 right) holes: left",
+        "at 2,2 goal 3,3 (1 down 1 right) holes: right",
+        "at 3,2 goal 3,3 (1 right) holes: none",
         "",
     ]
     assert [r.reward for r in results] == [0.0] * 5 + [1.0]
@@ -71,7 +72,7 @@ def test_entering_a_hole_ends_the_episode_with_reward_0_and_says_why():
 
 def test_a_move_off_the_grid_leaves_the_walker_in_place():
     _, results = walk(["move: up", "move: left"], slip=0.0)
-    assert contents(results) == ["at 0,0 goal 3,3 holes: none"] * 2
+    assert contents(results) == ["at 0,0 goal 3,3 (3 down 3 right) holes: none"] * 2
 
 
 @pytest.mark.parametrize(
@@ -101,7 +102,9 @@ def test_slip_1_always_goes_perpendicular_to_one_side_or_the_other():
         _, (result,) = walk(["move: down"], slip=1.0, seed=seed)
         assert result.info["went"] in ("left", "right") and result.info["slipped"]
         expected = (
-            "at 0,1 goal 3,3 holes: down" if result.info["went"] == "right" else "at 0,0 goal 3,3 holes: none"
+            "at 0,1 goal 3,3 (3 down 2 right) holes: down"
+            if result.info["went"] == "right"
+            else "at 0,0 goal 3,3 (3 down 3 right) holes: none"
         )
         assert contents([result]) == [f"slipped, {expected}"]
         seen.add(result.info["went"])
@@ -152,9 +155,11 @@ def test_the_map_view_draws_the_grid_every_turn():
         ".O..",
         "...O",
         "...G",
-        "at 0,0 goal 3,3 holes: none",
+        "at 0,0 goal 3,3 (3 down 3 right) holes: none",
     ]
-    assert results[0].observation[0]["content"] == ".@..\n.O..\n...O\n...G\nat 0,1 goal 3,3 holes: down"
+    assert results[0].observation[0]["content"] == (
+        ".@..\n.O..\n...O\n...G\nat 0,1 goal 3,3 (3 down 2 right) holes: down"
+    )
 
 
 def test_shortest_move_follows_a_bfs_path_around_the_holes():
@@ -168,6 +173,14 @@ def test_shortest_move_follows_a_bfs_path_around_the_holes():
         {"role": "user", "content": "slipped, at 2,1 goal 3,3 holes: none"},
     ]
     assert position(history) == (2, 1)
+
+
+def test_goal_offset_names_each_direction_with_its_distance():
+    wide = Layout(6, (0, 0), (2, 5), frozenset())
+    assert goal_offset(wide, (0, 0)) == "2 down 5 right" and goal_offset(wide, (4, 5)) == "2 up"
+    assert goal_offset(wide, (2, 1)) == "4 right" and goal_offset(wide, (3, 5)) == "1 up"
+    assert goal_offset(Layout(6, (5, 5), (0, 0), frozenset()), (5, 5)) == "5 up 5 left"
+    assert goal_offset(wide, (2, 5)) == "here"
 
 
 def test_make_tasks_is_deterministic_extends_and_every_layout_is_solvable():

@@ -15,8 +15,11 @@ env plays whatever layout its task holds (`Layout.from_metadata`).
 Formats (short: a byte-level tokenizer counts every character):
 
 - a move:  ``move: right`` (the LAST ``move: up|down|left|right`` of the turn counts; case and spaces free);
-- status:  ``at 2,3 goal 5,4 holes: up,left`` — the walker's position, the goal, and which of the 4
-  neighbouring cells are holes (``holes: none``); prefixed ``slipped, `` when the move slipped.
+- status:  ``at 2,3 goal 5,4 (3 down 1 right) holes: up,left`` — the walker's position, the goal and how
+  far it lies in each direction, and which of the 4 neighbouring cells are holes (``holes: none``);
+  prefixed ``slipped, `` when the move slipped. (The offset in words is there for small models: without
+  it a ~2M-parameter model SFT-trained on 4,800 episodes did not learn to subtract positions and walked
+  at random, winning 0 % of layouts its teacher won 18 % of.)
 - ``view="local"`` (default): the first user message is ``6x6 grid, reach the goal, avoid holes; reply
   move: up|down|left|right`` and the status line; each later user message is the status line.
   ``view="map"``: every user message also draws the whole grid first, one line per row (``.`` free, ``O``
@@ -73,6 +76,7 @@ __all__ = [
     "GridWalkEnv",
     "Layout",
     "distances_to_goal",
+    "goal_offset",
     "initial_text",
     "make_tasks",
     "move_text",
@@ -208,10 +212,19 @@ def _draw_layout(rng: random.Random, size: int, holes: float, min_dist: int, see
     return layout if start in distances_to_goal(layout) else None
 
 
+def goal_offset(layout: Layout, pos: Cell) -> str:
+    """Where the goal lies from ``pos``, in moves: ``3 down 1 right``, ``2 up``, ``here``."""
+    rows, cols = layout.goal[0] - pos[0], layout.goal[1] - pos[1]
+    parts = [f"{abs(rows)} {'down' if rows > 0 else 'up'}"] if rows else []
+    parts += [f"{abs(cols)} {'right' if cols > 0 else 'left'}"] if cols else []
+    return " ".join(parts) or "here"
+
+
 def status_line(layout: Layout, pos: Cell, slipped: bool = False) -> str:
-    """``[slipped, ]at r,c goal r,c holes: up,left`` (or ``holes: none``)."""
+    """``[slipped, ]at r,c goal r,c (3 down 1 right) holes: up,left`` (or ``holes: none``)."""
     near = [n for n, (dr, dc) in DIRECTIONS.items() if (pos[0] + dr, pos[1] + dc) in layout.holes]
-    text = f"at {pos[0]},{pos[1]} goal {layout.goal[0]},{layout.goal[1]} holes: {','.join(near) or 'none'}"
+    goal = f"goal {layout.goal[0]},{layout.goal[1]} ({goal_offset(layout, pos)})"
+    text = f"at {pos[0]},{pos[1]} {goal} holes: {','.join(near) or 'none'}"
     return f"slipped, {text}" if slipped else text
 
 
