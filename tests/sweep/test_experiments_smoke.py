@@ -62,3 +62,47 @@ def test_every_claim_part_names_a_spec_its_arms_and_one_of_its_final_columns():
             for part in tb["parts"]:
                 assert {part.high, part.low} <= arms, (name, testbed, part)
                 assert part.metric in labels, (name, testbed, part.metric, sorted(labels))
+
+
+def test_the_warm_start_gate_passes_inside_its_band_and_writes_its_report_only_then(tmp_path, monkeypatch):
+    """experiments/warm_start_gate.py on a random tiny model and two small grid layouts: the evaluation the
+    runs' own settings describe, a report written only when Pass@1 is inside [min, max], exit 1 otherwise."""
+    import importlib.util
+    import json
+    import sys
+
+    from sao.envs import make_env_tasks, save_tasks_jsonl
+    from sao.models.tiny import tiny_checkpoint
+
+    kwargs = {"size": 4, "holes": 0.1, "min_dist": 2, "slack": 2}
+    save_tasks_jsonl(tmp_path / "held.jsonl", make_env_tasks("grid_walk", 2, seed=3, **kwargs))
+    model = tiny_checkpoint(tmp_path / "model", "qwen3_moe", "test", seed=0)
+    config = tmp_path / "base.yaml"
+    config.write_text(json.dumps({
+        "model": {"path": "unused", "dtype": "float32", "device": "cpu"},
+        "engine": {"max_new_tokens": 8},
+        "data": {"env": "grid_walk", "env_kwargs": kwargs, "max_turns": 3, "max_total_tokens": 512,
+                 "eval_file": str(tmp_path / "held.jsonl")},
+        "eval": {"k": 2, "concurrency": 4},
+    }))  # fmt: skip
+    loader = importlib.util.spec_from_file_location("gate", ROOT / "experiments" / "warm_start_gate.py")
+    gate = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(gate)
+
+    def run(*band: str) -> int:
+        out = tmp_path / "gate.json"
+        out.unlink(missing_ok=True)
+        argv = ["gate", "--config", str(config), "--model", str(model), "--out", str(out), *band]
+        monkeypatch.setattr(sys, "argv", argv)
+        with pytest.raises(SystemExit) as stop:
+            gate.main()
+        return stop.value.code
+
+    assert run("--min-pass", "0", "--max-pass", "1") == 0
+    report = json.loads((tmp_path / "gate.json").read_text())
+    assert 0.0 <= report["pass@1"] <= 1.0 and report["band"] == [0.0, 1.0]
+    settings = report["settings"]
+    assert (settings["k"], settings["env"], settings["max_turns"], settings["max_tokens_per_turn"]) == (
+        2, "grid_walk", 3, 8)  # fmt: skip
+    assert settings["env_kwargs"] == kwargs and settings["max_total_tokens"] == 512
+    assert run("--min-pass", "0", "--max-pass", "-0.01") == 1 and not (tmp_path / "gate.json").exists()
