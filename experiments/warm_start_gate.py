@@ -1,25 +1,28 @@
 """Check, before a testbed's sweep, that its warm start wins often enough for RL to have a signal.
 
 Evaluates ``--model`` on the held-out file of the testbed's base config (``data.eval_file``) exactly as the
-runs' in-training evaluations do (the config's env and env kwargs, turn and token limits, ``eval.k``
-samples per task at temperature 1), and passes when Pass@1 lies in [``--min-pass``, ``--max-pass``]: a
+runs' in-training evaluations do (their settings, built by the same function from the config: env and
+env kwargs, turn and token limits, ``eval.k`` samples per task, temperature; only the sampling seed is the
+gate's own), and passes when Pass@1 lies in [``--min-pass``, ``--max-pass``]: a
 warm start that never wins gives every episode reward 0 (nothing to learn from), one that nearly always
 wins leaves nothing to improve. Prints the figure and exits 1 when it is out of the band; with ``--out`` it
 writes the report as JSON only when the check passes (make's target: no file, no sweep).
 
     .venv/bin/python experiments/warm_start_gate.py --config experiments/base/grid_walk.yaml \\
-        --model runs/experiments/grid/sft --min-pass 0.05 --max-pass 0.6
+        --model runs/experiments/grid/sft --min-pass 0.05 --max-pass 0.5
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from sao.config.loading import load_config
-from sao.eval import EvalSettings, run_eval
+from sao.eval import run_eval
+from sao.runtime.factory_args import eval_args
 
 
 def held_out_pass1(config_path: Path, model: Path, seed: int) -> tuple[float, dict]:
@@ -27,13 +30,10 @@ def held_out_pass1(config_path: Path, model: Path, seed: int) -> tuple[float, di
     cfg = load_config(config_path, [f"model.path={model}"])
     if cfg.data.eval_file is None:
         raise SystemExit(f"{config_path}: data.eval_file is not set; the gate evaluates on the held-out file")
-    settings = EvalSettings(
-        k=cfg.eval.k, seed=seed, temperature=1.0, max_turns=cfg.data.max_turns,
-        max_tokens_per_turn=cfg.engine.max_new_tokens, max_total_tokens=cfg.data.max_total_tokens,
-        concurrency=cfg.eval.concurrency, env=cfg.data.env, env_kwargs=dict(cfg.data.env_kwargs),
-    )  # fmt: skip
-    files = [cfg.data.eval_file] if isinstance(cfg.data.eval_file, str) else list(cfg.data.eval_file)
-    report = run_eval(model, files, settings, device="cpu", dtype="float32")
+    # The in-training evaluator's own settings (`eval_args`), with the gate's sampling seed.
+    args = eval_args(cfg.data, cfg.eval, cfg.logging, cfg.engine, cfg.runtime)
+    settings = dataclasses.replace(args.settings, seed=seed)
+    report = run_eval(model, list(args.files), settings, device="cpu", dtype="float32")
     return float(report["overall"]["pass@1"]), report["settings"]
 
 
