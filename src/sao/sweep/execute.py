@@ -156,10 +156,15 @@ def _note_attempt(run_dir: Path, wall_s: float, **extra: Any) -> None:
     (run_dir / _OPEN_ATTEMPT).unlink(missing_ok=True)
 
 
+def _write_replacing(path: Path, text: str) -> None:
+    """Write ``path`` through a temporary file, so a reader never sees it half written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def _heartbeat(run_dir: Path, wall_s: float) -> None:
-    tmp = run_dir / f"{_OPEN_ATTEMPT}.tmp"
-    tmp.write_text(json.dumps({"wall_s": wall_s}))
-    tmp.replace(run_dir / _OPEN_ATTEMPT)
+    _write_replacing(run_dir / _OPEN_ATTEMPT, json.dumps({"wall_s": wall_s}))
 
 
 def _close_killed_attempt(run_dir: Path) -> None:
@@ -190,9 +195,7 @@ def _finish(
     total = sum(float(a.get("wall_s", 0.0)) for a in attempts)
     outcome = Outcome(status, rc, total, len(attempts), run.arm, run.seed, command, error,  # type: ignore[arg-type]
                       started, time.time())  # fmt: skip
-    tmp = run.run_dir / f".{STATUS_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(outcome), indent=1))
-    tmp.replace(run.run_dir / STATUS_FILE)
+    _write_replacing(run.run_dir / STATUS_FILE, json.dumps(asdict(outcome), indent=1))
     return outcome
 
 
@@ -237,7 +240,7 @@ def _prepare(run: PlannedRun) -> bool:
     if _has_checkpoint(run.run_dir):
         return True
     for entry in run.run_dir.iterdir():
-        if entry.name in (_LOCK, _ATTEMPTS, _OPEN_ATTEMPT, LOG_FILE):
+        if entry.name in (_LOCK, _ATTEMPTS, LOG_FILE):  # (a killed attempt's heartbeat is closed above)
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
