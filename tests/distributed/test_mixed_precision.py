@@ -7,7 +7,9 @@ and the plain `Trainer`, two SAO steps (K=2 critic steps, then the actor) on the
 micro-batches per rank. The one-process and sharded runs split the batch into different micro-batches, so
 their bf16 gradients are rounded over different token sets: the actor's gradients differ at bf16 precision
 (≈ 1e-3 relative), and AdamW's first steps (≈ lr × sign(g)) flip a few near-zero elements. The critic's
-gradients happen to be exact enough that its weights agree to float32 precision.
+differ less (its metrics ≈ 1e-4 relative, its weights by < 0.1 × lr) but how much less depends on the CPU's
+bf16 kernels: on an AVX-512 CPU without AMX they agreed to float32 precision, on one with AMX (Sapphire
+Rapids and later) they do not, so the critic is held to the actor's kind of bound, 10× tighter on its loss.
 """
 
 from __future__ import annotations
@@ -52,14 +54,17 @@ def test_two_mixed_precision_ranks_equal_one_process_with_cast_for_compute(runs)
     assert len(got) == len(want) == 2
     for step, (g, w) in enumerate(zip(got, want, strict=True)):
         for key in ("critic/value_loss", "critic/value_loss_last", "critic/grad_norm"):
-            assert g["metrics"][key] == pytest.approx(w["metrics"][key], rel=1e-5), (step, key)
+            assert g["metrics"][key] == pytest.approx(w["metrics"][key], rel=5e-4), (step, key)
         for key in ("actor/loss", "actor/grad_norm"):
             assert g["metrics"][key] == pytest.approx(w["metrics"][key], rel=5e-3), (step, key)
+        for part in ("critic", "actor"):
+            assert g[part].keys() == w[part].keys()
+            # An element off by more than a tenth of one AdamW step: rare (bf16 rounding near g = 0), while a
+            # missed or doubled step or unreduced gradients would move most elements by ~lr.
+            moved = sum(int(((g[part][k] - w[part][k]).abs() > 0.1 * LR).sum()) for k in w[part])
+            assert moved / sum(v.numel() for v in w[part].values()) < 0.01, (step, part)
         critic = max(float((g["critic"][k] - w["critic"][k]).abs().max()) for k in w["critic"])
-        assert critic < 1e-6, step
-        assert g["actor"].keys() == w["actor"].keys()
-        moved = sum(int(((g["actor"][k] - w["actor"][k]).abs() > 0.1 * LR).sum()) for k in w["actor"])
-        assert moved / sum(v.numel() for v in w["actor"].values()) < 0.01, step
+        assert critic < LR, step  # no element a whole step apart (measured: < 1e-4 with AMX, 1e-8 without)
     assert _relative(got[0]["actor_grads"], want[0]["actor_grads"]) < 1e-2  # same weights: bf16 rounding
 
 

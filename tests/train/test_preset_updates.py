@@ -4,7 +4,9 @@
 typed classes, and the test holds every later version of the code to it: same preset, same batch, bitwise the
 same actor and critic weights and the same loss metrics. On a machine whose CPU kernels differ from the
 recording one (another ``torch.backends.cpu.get_cpu_capability()`` or torch version) float rounding may
-differ, so there the weights are compared by their float sums to 1e-5 instead of by their bytes.
+differ, so there the weights are compared by their float sums to 1e-5 instead of by their bytes. The machine
+is the torch version, torch's CPU capability and the CPU model with the ISA extensions that change rounding
+(``_machine``): torch's "AVX512" alone names CPUs with and without AMX alike, whose bits differ.
 """
 
 from __future__ import annotations
@@ -67,14 +69,37 @@ def _update(tiny_moe_dir: Path, variant: str) -> dict[str, object]:
 
 
 def _machine() -> dict[str, str]:
-    return {"cpu": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__.split("+")[0]}
+    return {
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "cpu_model": _cpu_model(),
+        "torch": torch.__version__.split("+")[0],
+    }
+
+
+def _cpu_model() -> str:
+    """The CPU's vendor, family and model, and the ISA extensions whose kernels round differently (AMX,
+    AVX-512 BF16/FP16): two CPUs torch calls "AVX512" alike need not produce the same bits. "unknown" off
+    Linux."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    isa = [f for f in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512_fp16") if f in flags]
+    ids = [fields.get(key, "?") for key in ("vendor_id", "cpu family", "model")]
+    return " ".join([*ids, *isa])
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_preset_update_matches_the_recorded_one(variant, tiny_moe_dir):
     got = _update(tiny_moe_dir, variant)
     if os.environ.get("SAO_RECORD_UPDATES") == "1":
-        data = json.loads(RECORD.read_text()) if RECORD.exists() else {"machine": _machine(), "updates": {}}
+        data = json.loads(RECORD.read_text()) if RECORD.exists() else {"updates": {}}
+        data["machine"] = _machine()  # a re-recording holds this machine's bits
         data["updates"][variant] = got
         RECORD.parent.mkdir(parents=True, exist_ok=True)
         RECORD.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
