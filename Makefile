@@ -148,8 +148,8 @@ EXP ?= runs/experiments
 # Round two (experiments/README.md): EXPERIMENTS="$(ROUND2)" runs only its specs.
 ROUND1 = c1_sao_vs_grpo c3_k_critic c4_frozen_critic c5_running_mean_spo c2_lr_grid c8_pretrain_corpus \
 	c6_step_gae c2_staleness c7_style_shift
-ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness c1_grid c3_grid c6_grid \
-	c4_grid_map
+ROUND2 = c1_stream c7_style_shift_early c3_stream c5_stream c2_stream_staleness c1_grid c3_grid c6_grid_avg \
+	c6_grid c4_grid_map
 EXPERIMENTS ?= $(ROUND1) $(ROUND2)
 .PHONY: experiments experiments-prep
 experiments-prep: install $(QS)/sft/config.json $(EXP)/style/support.json $(EXP)/rg/sft/config.json \
