@@ -98,6 +98,19 @@ def test_explained_variance_perfect_mean_and_constant_returns():
     assert math.isnan(explained_variance(_t([0.1]), _t([1.0]), _mask([0])))
 
 
+def test_explained_variance_is_undefined_for_returns_flat_up_to_rounding():
+    # A step-wise estimator on a batch where every episode failed: returns 0 in exact arithmetic, ~1e-19
+    # after float32 GAE (recorded in a grid run), values ~0.03. The ratio would be ~−1e33; it is undefined.
+    values = _t([0.031, 0.012, 0.058, 0.044])
+    flat = _t([3.2e-20, -5.9e-20, 1.1e-19, 0.0])
+    assert math.isnan(explained_variance(values, flat, _mask([1, 1, 1, 1])))
+    # Flat at 1.0 with rounding of 1e-7 relative: undefined too.
+    assert math.isnan(explained_variance(values, _t([1.0, 1.0 + 1e-7, 1.0 - 1e-7, 1.0]), _mask([1, 1, 1, 1])))
+    # A small but real spread stays defined: returns 1e-3 apart around 1 (std 5e-4 ≫ 1e-6 × 1).
+    got = explained_variance(_t([1.0, 1.0, 1.0, 1.0]), _t([1.0, 1.001, 1.0, 1.001]), _mask([1, 1, 1, 1]))
+    assert got == pytest.approx(0.0, abs=1e-9)
+
+
 def test_explained_variance_is_negative_for_a_critic_worse_than_the_mean():
     # R = [0, 2] (Var 1), V = [2, 0]: R − V = [−2, 2], Var 4 → 1 − 4 = −3.
     assert explained_variance(_t([2.0, 0.0]), _t([0.0, 2.0]), _mask([1, 1])) == pytest.approx(-3.0)

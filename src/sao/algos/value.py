@@ -65,12 +65,20 @@ def value_loss(
     return loss, metrics
 
 
+# Returns whose std is at most this fraction of the largest |R| or |V| count as constant: float32 rounding
+# of returns equal in exact arithmetic is ~1e-7 relative, so 1e-6 leaves it out and any real spread in.
+_FLAT_RETURNS = 1e-6
+
+
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """``1 − Var(R − V) / Var(R)`` over the masked tokens (docs/concepts.md, "The critic: K updates
     per actor update").
 
     1 is a perfect critic, 0 one that predicts the mean, negative worse than the mean. Returns NaN when
-    the returns have no variance (the ratio is undefined) or the mask is empty.
+    the mask is empty or the returns have no variance beyond rounding (the ratio is undefined): their std
+    at most ``_FLAT_RETURNS`` × the largest ``|R|`` or ``|V|`` over the mask. Returns that are all equal
+    in exact arithmetic can carry float32 rounding: a step-wise estimator's returns on a batch where every
+    episode fails are ~1e-19, not 0, which without the tolerance gave EV ≈ −1e33.
     """
     mask = mask.bool()
     if not bool(mask.any()):
@@ -78,6 +86,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     values = values.detach().to(torch.float64)
     returns = returns.detach().to(torch.float64)
     var_returns = masked_var(returns, mask)
-    if float(var_returns) == 0.0:
+    scale = max(float(returns[mask].abs().max()), float(values[mask].abs().max()))
+    if float(var_returns) <= (_FLAT_RETURNS * scale) ** 2:
         return float("nan")
     return float(1.0 - masked_var(returns - values, mask) / var_returns)
